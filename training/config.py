@@ -1,0 +1,324 @@
+"""Typed, strict, frozen configuration for training.
+
+A YAML file is only a serialisation of these objects: it is read with ``yaml.safe_load``, unknown or misspelt
+keys are errors that name the key and the valid ones, and ``--set a.b=value`` overrides are applied before
+validation. Each model validates itself; the resolved config is saved in every run directory.
+
+>>> cfg = TrainConfig.model_validate({"name": "demo", "privacy": {"target_epsilon": 8.0}})
+>>> cfg.privacy.enabled, cfg.privacy.target_epsilon, cfg.data.dataset
+(True, 8.0, 'digits')
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from training.errors import ConfigError
+
+__all__ = [
+    "Strict",
+    "DataConfig",
+    "ModelConfig",
+    "PrivacyConfig",
+    "OptimConfig",
+    "CanaryConfig",
+    "GradientCanaryConfig",
+    "HessianLogConfig",
+    "ContinualConfig",
+    "FinetuneConfig",
+    "TrainingConfig",
+    "TrainConfig",
+    "load_yaml",
+    "apply_overrides",
+    "parse_override",
+    "validate_config",
+    "load_config",
+    "dump_config",
+]
+
+
+class Strict(BaseModel):
+    """Base for every config section: unknown keys are errors; instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class DataConfig(Strict):
+    dataset: str = Field("digits", description="dataset registry name (digits, synthetic, npz, cifar10, ...)")
+    root: str | None = Field(None, description="data root on local disk (path to the .npz file for 'npz')")
+    split: str = Field("train", description="split the training pool is drawn from")
+    test_split: str | None = Field("test", description="split used for test accuracy (None: no test set)")
+    image_size: int | None = Field(None, gt=0, description="resize images to this square size (None: native)")
+    pool_size: int | None = Field(None, gt=0, description="use a seeded random subset of this many examples")
+    pool_seed: int = Field(0, description="seed of the pool subset")
+    test_size: int | None = Field(None, gt=0, description="cap on the number of test examples")
+    audit_split: bool = Field(True, description="members drawn by independent Bernoulli(member_prob)")
+    member_prob: float = Field(0.5, gt=0.0, lt=1.0)
+    membership_seed: int = Field(0, description="seed of the Bernoulli membership draw")
+    download: bool = Field(False, description="allow torchvision to download (needs internet)")
+
+
+class ModelConfig(Strict):
+    arch: str = Field("small_cnn", description="registry name, timm name, or 'package.module:factory'")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments for the factory")
+    pretrained: str | None = Field(None, description="local weights file (.safetensors, or .pt/.pth/.th)")
+    cifar_stem: bool = Field(True, description="small-image defaults (3x3 ResNet stem, ViT patch 4)")
+    fix_batchnorm: bool = Field(True, description="replace BatchNorm with GroupNorm for DP")
+    freeze: tuple[str, ...] = Field((), description="glob patterns of parameter names to freeze")
+    normalize_mean: tuple[float, float, float] | None = None
+    normalize_std: tuple[float, float, float] | None = None
+
+
+class PrivacyConfig(Strict):
+    enabled: bool = True
+    noise_multiplier: float | None = Field(None, ge=0.0)
+    target_epsilon: float | None = Field(None, description="calibrate sigma to reach this epsilon")
+    delta: float | None = Field(None, description="delta (None: 1/(10 * n_members) rounded down to 1eK)")
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    clipping: Literal["flat", "per_layer", "automatic"] = "flat"
+    auto_gamma: float = Field(0.01, gt=0.0, description="gamma in automatic clipping g/(||g||+gamma)")
+    sampling: Literal["poisson", "shuffle"] = "poisson"
+    accountant: Literal["prv", "rdp"] = "prv"
+    grad_sample_mode: Literal["hooks", "functorch", "ghost"] = "hooks"
+    secure_mode: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "PrivacyConfig":
+        if self.target_epsilon is not None and not self.target_epsilon > 0:
+            raise ValueError(f"privacy.target_epsilon must be > 0, got {self.target_epsilon}")
+        if self.delta is not None and not 0.0 < self.delta < 1.0:
+            raise ValueError(f"privacy.delta must be in (0, 1), got {self.delta}")
+        if self.enabled and self.noise_multiplier is not None and self.target_epsilon is not None:
+            raise ValueError("give privacy.noise_multiplier or privacy.target_epsilon, not both")
+        if self.enabled and self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("privacy is enabled: set privacy.target_epsilon or privacy.noise_multiplier")
+        return self
+
+
+class OptimConfig(Strict):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = Field(0.1, gt=0.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: Literal["constant", "cosine", "step", "linear"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    step_size: int = Field(1000, gt=0, description="steps between decays for 'step'")
+    gamma: float = Field(0.1, gt=0.0, description="decay factor for 'step'")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class CanaryConfig(Strict):
+    """Input canaries inserted into the training pool; each included with probability 1/2."""
+
+    count: int = Field(0, ge=0)
+    kind: Literal["mislabel", "ood"] = "mislabel"
+    seed: int = 0
+
+
+class GradientCanaryConfig(Strict):
+    """White-box gradient canaries (Steinke, Nasr, Jagielski 2023): m random unit directions."""
+
+    count: int = Field(0, ge=0)
+    seed: int = 0
+
+
+class HessianLogConfig(Strict):
+    """Hutchinson tr(H) and decelerator sigma^2 tr(H) / (B c^2) logging."""
+
+    every: int = Field(0, ge=0, description="log every N steps (0: off)")
+    probes: int = Field(8, gt=0)
+    batch_size: int = Field(256, gt=0)
+
+
+class ContinualConfig(Strict):
+    """DP continual pre-training (Bu et al. 2024): public non-DP phase, then private DP phase."""
+
+    public: DataConfig = Field(default_factory=lambda: DataConfig(audit_split=False))
+    switch: Literal["steps", "plateau", "decelerator"] = "steps"
+    switch_steps: int = Field(100, ge=0, description="'steps': switch after this many public steps")
+    max_public_steps: int = Field(1000, ge=0, description="upper bound on public steps for any rule")
+    plateau_patience: int = Field(3, gt=0)
+    plateau_min_delta: float = Field(1e-3, ge=0.0)
+    eval_every: int = Field(20, gt=0, description="public-validation / decelerator check interval")
+    decelerator_threshold: float = Field(1.0, gt=0.0)
+    public_lr: float | None = None
+    optimizer_state: Literal["keep", "reset_first", "reset_both"] = "keep"
+
+
+class FinetuneConfig(Strict):
+    """DP fine-tuning from a checkpoint (Ke et al.): lp, fft or lp_fft."""
+
+    checkpoint: str | None = Field(None, description="run directory or weights file to start from")
+    strategy: Literal["lp", "fft", "lp_fft"] = "fft"
+    split_by: Literal["epsilon", "steps"] = "steps"
+    lp_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="share of the budget given to LP")
+    head_init: Literal["zero", "random", "keep"] = "zero"
+    lp_lr: float | None = None
+
+
+class TrainingConfig(Strict):
+    recipe: Literal["standard", "continual_pretrain", "finetune"] = "standard"
+    steps: int | None = Field(None, gt=0, description="number of (logical) optimizer steps")
+    epochs: float | None = Field(None, gt=0.0, description="alternative to steps: epochs over the members")
+    batch_size: int = Field(256, gt=0, description="expected logical batch size (q = batch_size / n)")
+    physical_batch_size: int = Field(256, gt=0, description="largest batch held in memory at once")
+    eval_every: int = Field(0, ge=0, description="evaluate test accuracy every N steps (0: at the end)")
+    log_every: int = Field(10, gt=0)
+    checkpoint_every: int = Field(50, gt=0, description="save resumable state every N steps")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+    progress: bool = True
+    canaries: CanaryConfig = Field(default_factory=CanaryConfig)
+    gradient_canaries: GradientCanaryConfig = Field(default_factory=GradientCanaryConfig)
+    hessian: HessianLogConfig = Field(default_factory=HessianLogConfig)
+    continual: ContinualConfig = Field(default_factory=ContinualConfig)
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.steps is None and self.epochs is None:
+            raise ValueError("set training.steps or training.epochs")
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("give training.steps or training.epochs, not both")
+        return self
+
+
+class TrainConfig(Strict):
+    """Everything `audit train` needs. The audit layer extends it with attack/epsilon/report sections."""
+
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    output_dir: str = "results"
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig(target_epsilon=8.0))
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    training: TrainingConfig = Field(default_factory=lambda: TrainingConfig(steps=100))
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML mapping with ``yaml.safe_load``; a missing or malformed file is a :class:`ConfigError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (pass a YAML file, e.g. eval_configs/quickstart.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value`` into (["a", "b", "c"], value); the value is read as YAML (numbers, lists, null).
+
+    >>> parse_override("privacy.target_epsilon=4")
+    (['privacy', 'target_epsilon'], 4)
+    """
+    if "=" not in text:
+        raise ConfigError(f"--set expects KEY=VALUE (e.g. privacy.target_epsilon=4), got {text!r}")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set has an empty key in {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...] | dict[str, Any]) -> dict[str, Any]:
+    """Return a deep copy of ``data`` with dotted overrides applied (``["a.b=1"]`` or ``{"a.b": 1}``)."""
+    out = copy.deepcopy(data)
+    items = (
+        [(k.split("."), v) for k, v in overrides.items()]
+        if isinstance(overrides, dict)
+        else [parse_override(o) for o in overrides]
+    )
+    for parts, value in items:
+        node = out
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"cannot set {'.'.join(parts)}: {p} is a value, not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The config class that owns the last element of ``loc`` (for listing valid keys)."""
+    current: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = field.annotation
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            args = getattr(current, "__args__", ())
+            current = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:
+    """One line naming the first problem: the dotted key, what is allowed, and what was received."""
+    msgs = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not isinstance(p, int) or True)
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            owner = _model_at(model, loc)
+            valid = sorted(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            msgs.append(f"unknown key '{key}' (valid keys here: {', '.join(valid)}){hint}")
+        elif err["type"] == "value_error":
+            msgs.append(str(err["msg"]).removeprefix("Value error, "))
+        else:
+            got = err.get("input")
+            got_s = "" if isinstance(got, dict) else f", got {got!r}"
+            msgs.append(f"{key}: {err['msg']}{got_s}")
+    return f"{source}: " + "; ".join(msgs[:3]) + (f" (+{len(msgs) - 3} more)" if len(msgs) > 3 else "")
+
+
+def validate_config(data: dict[str, Any], model: type[BaseModel] = TrainConfig, *, source: str = "config") -> Any:
+    """Validate a mapping into ``model``; any problem becomes a one-line :class:`ConfigError`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, source)) from None
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = (),
+                model: type[BaseModel] = TrainConfig) -> Any:
+    """Load YAML, apply ``--set`` overrides, validate into ``model``."""
+    data = apply_overrides(load_yaml(path), list(overrides))
+    return validate_config(data, model, source=f"config error in {path}")
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The resolved config as YAML (every default written out), for the run directory."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,164 @@
+"""Atomic file writes, hashing and fingerprints.
+
+Every file dp-audit writes goes to a temporary file in the same directory and is renamed into place, so an
+interrupt never leaves a half-written output behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.errors import CheckpointError
+
+__all__ = [
+    "atomic_path",
+    "write_text",
+    "write_json",
+    "read_json",
+    "write_npy",
+    "write_npz",
+    "sha256_file",
+    "sha256_bytes",
+    "fingerprint_arrays",
+    "save_safetensors",
+    "load_safetensors",
+]
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` atomically (UTF-8)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def _finite(obj: Any) -> Any:
+    """Replace non-finite floats with strings ('inf', '-inf', 'nan') so the JSON stays standard."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return "nan" if np.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, Mapping):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write ``obj`` as indented, standard JSON, atomically. Non-finite floats become strings."""
+    text = json.dumps(_finite(json.loads(json.dumps(obj, default=_json_default, allow_nan=True))),
+                      indent=2, sort_keys=False, allow_nan=False)
+    return write_text(path, text + "\n")
+
+
+def read_json(path: str | os.PathLike[str], *, what: str = "file") -> Any:
+    """Read JSON, raising :class:`CheckpointError` with a clear message if missing or corrupt."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{what} {path} is not valid JSON ({exc}); re-create it") from None
+
+
+def write_npy(path: str | os.PathLike[str], array: np.ndarray) -> Path:
+    """Save one array with ``np.save`` (no pickle), atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.asarray(array), allow_pickle=False)
+    return Path(path)
+
+
+def write_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> Path:
+    """Save arrays with ``np.savez_compressed`` (no pickle), atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+    return Path(path)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str], *, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint_arrays(*arrays: np.ndarray) -> str:
+    """sha256 over the dtype, shape and bytes of each array, in order: identifies a data pool exactly."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any],
+                     metadata: Mapping[str, str] | None = None) -> Path:
+    """Save a name->tensor map as safetensors, atomically (tensors are made contiguous and detached)."""
+    from safetensors.torch import save_file
+
+    clean = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(clean, str(tmp), metadata=dict(metadata or {}))
+    return Path(path)
+
+
+def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a safetensors file to CPU tensors; a missing or corrupt file raises :class:`CheckpointError`."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as exc:  # safetensors raises its own error types for corrupt headers
+        raise CheckpointError(f"weights file {path} is corrupt or not safetensors ({exc})") from None
