@@ -1,0 +1,117 @@
+"""The experiment config: a training config plus the audit sections and named variants.
+
+One YAML file drives `audit train`, `audit attack`, `audit epsilon`, `audit transfer`, `audit report` and
+`audit run`. ``variants`` name sets of dotted overrides: each variant is its own run directory
+(``<output_dir>/<name>-<variant>``), e.g. a DP target and a non-DP target from one file.
+
+>>> cfg = RunConfig.model_validate({"name": "q", "variants": {"nondp": {"privacy.enabled": False}}})
+>>> select_variant(cfg, "nondp").train_config().privacy.enabled
+False
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from training.config import (Strict, TrainConfig, apply_overrides, load_yaml, validate_config)
+from training.errors import ConfigError
+
+__all__ = ["AttackConfig", "EpsilonConfig", "TransferRunConfig", "ReportConfig", "RunConfig", "load_run_config",
+           "select_variant", "variant_names"]
+
+ATTACK_NAMES = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_online_fixed_var", "lira_offline",
+                "lira_offline_fixed_var", "rmia_online", "rmia_offline")
+
+
+class AttackConfig(Strict):
+    """Membership-inference attack settings (`audit attack`)."""
+
+    n_reference: int = Field(16, ge=0, description="reference (shadow) models; 0: only reference-free attacks")
+    attacks: tuple[str, ...] = ATTACK_NAMES
+    flip: bool = Field(True, description="query the horizontal flip too")
+    shifts: int = Field(0, ge=0, description="query +-k pixel shifts")
+    executor: Literal["auto", "batched", "sequential", "process"] = "auto"
+    workers: int = Field(1, ge=1)
+    population: int = Field(500, ge=0, description="population samples z for RMIA (from the test split)")
+    evaluation: Literal["target", "leave_one_out", "both"] = "target"
+    n_bootstrap: int = Field(200, ge=0)
+    rmia_gamma: float = Field(1.0, gt=0.0)
+    rmia_offline_a: float = Field(0.3, ge=0.0, le=1.0)
+    top_vulnerable: int = Field(20, ge=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "AttackConfig":
+        unknown = [a for a in self.attacks if a not in ATTACK_NAMES]
+        if unknown:
+            raise ValueError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(ATTACK_NAMES)}")
+        return self
+
+
+class EpsilonConfig(Strict):
+    """Empirical epsilon settings (`audit epsilon`)."""
+
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - confidence of every lower bound")
+    sources: tuple[Literal["pool", "input_canaries", "gradient_canaries"], ...] = (
+        "pool", "input_canaries", "gradient_canaries")
+    attack: str = Field("lira_online", description="attack whose scores feed the one-run estimator on the pool")
+
+
+class TransferRunConfig(Strict):
+    suite: str | None = Field(None, description="transfer suite YAML (None: skip transfer in `audit run`)")
+
+
+class ReportConfig(Strict):
+    pdf: bool = False
+
+
+class RunConfig(TrainConfig):
+    """A training config plus the audit sections and variants."""
+
+    attack: AttackConfig = Field(default_factory=AttackConfig)
+    epsilon: EpsilonConfig = Field(default_factory=EpsilonConfig)
+    transfer: TransferRunConfig = Field(default_factory=TransferRunConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    variant: str | None = Field(None, description="set by select_variant; not for hand-written configs")
+
+    def train_config(self) -> TrainConfig:
+        keys = set(TrainConfig.model_fields)
+        return TrainConfig.model_validate({k: v for k, v in self.model_dump().items() if k in keys})
+
+
+def variant_names(cfg: RunConfig) -> list[str]:
+    return list(cfg.variants) or [None]  # type: ignore[list-item]
+
+
+def select_variant(cfg: RunConfig, name: str | None) -> RunConfig:
+    """The config of one variant: its overrides applied, run name ``<name>-<variant>``."""
+    if not cfg.variants:
+        if name is not None:
+            raise ConfigError(f"--variant {name}: this config defines no variants")
+        return cfg
+    if name is None:
+        raise ConfigError(f"this config defines variants ({', '.join(cfg.variants)}): pass --variant NAME "
+                          f"(audit run runs them all)")
+    if name not in cfg.variants:
+        raise ConfigError(f"unknown variant '{name}'; this config defines: {', '.join(cfg.variants)}")
+    data = cfg.model_dump()
+    data.pop("variants")
+    data = apply_overrides(data, dict(cfg.variants[name]))
+    data["name"] = f"{cfg.name}-{name}"
+    data["variant"] = name
+    return validate_config(data, RunConfig, source=f"variant '{name}'")
+
+
+def load_run_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load an experiment YAML with ``--set`` overrides into a validated :class:`RunConfig`."""
+    from training.config import apply_overrides as _apply
+
+    data = _apply(load_yaml(path), list(overrides))
+    cfg = validate_config(data, RunConfig, source=f"config error in {path}")
+    for name in cfg.variants:  # validate every variant now, so a typo fails before any training
+        select_variant(cfg, name)
+    return cfg

@@ -1,0 +1,69 @@
+"""The training pool and test set that a :class:`~training.config.DataConfig` describes.
+
+The pool is ``data.split`` of ``data.dataset``; with ``data.pool_size`` set it is a seeded random subset of
+that size: ``np.random.default_rng(pool_seed).choice(N, pool_size, replace=False)``, sorted. The test set is
+``data.test_split``, capped at ``data.test_size`` by a seeded subset drawn the same way from
+``np.random.default_rng([pool_seed, 1])``. Only the chosen rows are decoded, so a small pool from a huge
+image-folder dataset is cheap. Both are resized to ``data.image_size`` when it is set.
+
+>>> from training.config import DataConfig
+>>> pool = load_pool(DataConfig(dataset="digits", pool_size=100, pool_seed=3))
+>>> len(pool), pool.fingerprint() == load_pool(DataConfig(dataset="digits", pool_size=100, pool_seed=3)).fingerprint()
+(100, True)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from training.config import DataConfig
+from training.data.imageset import ImageSet
+from training.data.registry import DATASETS
+from training.errors import DataError
+
+__all__ = ["load_pool", "load_test", "pool_indices"]
+
+
+def pool_indices(n: int, size: int | None, rng: np.random.Generator | int | None) -> np.ndarray:
+    """Sorted indices of a uniformly random subset of ``size`` out of ``n`` (all of them when ``size`` is None).
+
+    Raises:
+        ValueError: if ``size`` is not in ``[1, n]``.
+    """
+    if size is None:
+        return np.arange(n, dtype=np.int64)
+    if not 0 < size <= n:
+        raise ValueError(f"subset size must be in [1, {n}], got {size}")
+    return np.sort(np.random.default_rng(rng).choice(n, size=size, replace=False)).astype(np.int64)
+
+
+def load_pool(cfg: DataConfig) -> ImageSet:
+    """The training pool: ``cfg.split``, optionally a ``cfg.pool_size`` subset seeded by ``cfg.pool_seed``.
+
+    Raises:
+        DataError: as :func:`~training.data.load_dataset`, or if ``pool_size`` exceeds the split's size.
+    """
+    spec = DATASETS[cfg.dataset]
+    cat = spec.catalog(cfg.root, cfg.split, cfg.image_size, cfg.download)
+    if cfg.pool_size is not None and cfg.pool_size > len(cat):
+        raise DataError(f"data.pool_size={cfg.pool_size} but {cfg.dataset} split {cfg.split!r} has only {len(cat)} "
+                        f"examples; lower data.pool_size or leave it unset to use them all")
+    return cat.take(pool_indices(len(cat), cfg.pool_size, cfg.pool_seed))
+
+
+def load_test(cfg: DataConfig) -> ImageSet | None:
+    """The test set: ``cfg.test_split`` capped at ``cfg.test_size`` examples; None when ``test_split`` is None.
+
+    Raises:
+        DataError: as :func:`~training.data.load_dataset`, or if the test split is the training split
+            (test accuracy would then be measured on training examples).
+    """
+    if cfg.test_split is None:
+        return None
+    spec = DATASETS[cfg.dataset]
+    if spec.resolve_split(cfg.test_split) == spec.resolve_split(cfg.split):
+        raise DataError(f"data.test_split {cfg.test_split!r} is the training split {cfg.split!r} of {cfg.dataset}; "
+                        "choose another split or set data.test_split: null")
+    cat = spec.catalog(cfg.root, cfg.test_split, cfg.image_size, cfg.download)
+    size = None if cfg.test_size is None or cfg.test_size >= len(cat) else cfg.test_size
+    return cat.take(pool_indices(len(cat), size, np.random.default_rng([cfg.pool_seed, 1])))
