@@ -1,9 +1,58 @@
-"""`audit gate` (being written)."""
+"""`audit gate BASELINE CANDIDATE --policy POLICY`: a CI gate over two run directories.
+
+Exit codes: 0 every rule passed; 1 a rule failed; 2 bad input (missing files, unknown policy keys, runs that
+cannot be compared). The library function is :func:`audit.gate.evaluate_gate`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import click
 
+from audit.gate import GateResult, evaluate_gate
+from training.io import write_json
+
+
+def print_gate(result: GateResult, *, file=None) -> None:
+    """Print a gate result as a table (rule, baseline, candidate, threshold, PASS/FAIL) with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = file if file is not None else sys.stdout
+    console = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 140,
+                      highlight=False, soft_wrap=False)
+    table = Table(title=f"dp-audit gate ({result.policy})", show_lines=False)
+    for col, justify in (("rule", "left"), ("baseline", "right"), ("candidate", "right"),
+                         ("threshold", "right"), ("result", "center")):
+        table.add_column(col, justify=justify)
+    for r in result.rules:
+        verdict = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
+        table.add_row(r.label, r.baseline, r.candidate, r.threshold, verdict)
+    console.print(table)
+    for r in result.rules:
+        if not r.passed:
+            console.print(f"[red]FAIL[/] {r.rule}: {r.detail}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"gate {'[bold green]PASSED[/]' if result.passed else '[bold red]FAILED[/]'}: "
+                  f"{sum(r.passed for r in result.rules)}/{len(result.rules)} rules pass "
+                  f"(baseline {result.baseline}, candidate {result.candidate})")
+
 
 @click.command(name="gate")
-def command() -> None:
-    """Not available yet."""
-    raise click.ClickException("audit gate is not available yet")
+@click.argument("baseline", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("candidate", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--policy", "policy", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="gate policy YAML (e.g. eval_configs/gates/default.yaml)")
+@click.option("--out", "out", default=Path("gate.json"), show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="where to write the JSON result")
+def command(baseline: Path, candidate: Path, policy: Path, out: Path) -> None:
+    """Compare CANDIDATE with BASELINE under a policy; exit 0 pass, 1 fail, 2 bad input."""
+    result = evaluate_gate(baseline=baseline, candidate=candidate, policy=policy)
+    write_json(out, result.to_dict())
+    print_gate(result)
+    click.echo(f"wrote {out}")
+    if not result.passed:
+        sys.exit(result.exit_code)

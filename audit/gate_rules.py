@@ -1,0 +1,288 @@
+"""Gate policy: strict rule models and the evaluation of each rule on a (baseline, candidate) pair.
+
+A policy is a YAML file::
+
+    format: dp-audit-gate/1
+    rules:
+      - rule: max_claimed_epsilon     # candidate's claimed epsilon <= budget (no DP claim = infinite = FAIL)
+        budget: 8.0
+      - rule: no_violation            # candidate's epsilon.json verdict is not VIOLATION
+      - rule: tpr_at_fpr              # candidate leaks no more than baseline at a fixed FPR, with CIs
+        attack: max                   # an attack name, or "max": the attack with the highest TPR at that FPR
+        fpr: 0.001
+        tolerance: 0.0
+      - rule: min_accuracy_delta      # candidate test accuracy >= baseline - tolerance
+        tolerance: 0.01
+      - rule: max_auc                 # candidate AUC (attack or "max") <= threshold
+        attack: max
+        threshold: 0.6
+
+Exact pass/fail conditions (``b`` = baseline, ``c`` = candidate; attack scores are "higher = member"):
+
+* ``max_claimed_epsilon``: PASS iff ``eps_c <= budget``; a run without a DP claim has ``eps_c = inf``.
+* ``no_violation``: PASS iff the candidate's verdict is not ``VIOLATION`` and, when it claims a finite epsilon,
+  its best epsilon lower bound does not exceed the claim.
+* ``tpr_at_fpr``: with ``[lo, hi]`` the confidence interval of TPR at ``fpr`` (the point value when no interval
+  was written), FAIL iff ``lo_c > hi_b + tolerance``: the candidate is flagged only when its interval lies
+  entirely above the baseline's, by more than the tolerance. Overlapping intervals PASS.
+* ``min_accuracy_delta``: PASS iff ``acc_c >= acc_b - tolerance`` (test accuracy; 1e-12 slack for rounding).
+* ``max_auc``: PASS iff ``auc_c <= threshold`` (point estimate).
+
+Files a rule needs must exist (``epsilon.json`` of the candidate for ``no_violation``; both ``attack.json`` for
+``tpr_at_fpr``; the candidate's for ``max_auc``; both test accuracies for ``min_accuracy_delta``); a missing one
+is a :class:`training.errors.UserError` (exit code 2), never a silent pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from audit.report import fmt
+from audit.report.inputs import AttackFile, RunFiles, level_key
+from training.errors import UserError
+
+__all__ = [
+    "KNOWN_ATTACKS",
+    "MaxClaimedEpsilon",
+    "NoViolation",
+    "TprAtFpr",
+    "MinAccuracyDelta",
+    "MaxAuc",
+    "Rule",
+    "GatePolicy",
+    "RuleResult",
+    "evaluate_rule",
+]
+
+KNOWN_ATTACKS = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_offline", "rmia_online",
+                 "rmia_offline")
+_ACCURACY_SLACK = 1e-12
+
+
+class _Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_attack(value: str) -> str:
+    if value != "max" and value not in KNOWN_ATTACKS:
+        raise ValueError(f"attack must be 'max' or one of {', '.join(KNOWN_ATTACKS)}, got {value!r}")
+    return value
+
+
+class MaxClaimedEpsilon(_Rule):
+    """The candidate's claimed epsilon must not exceed ``budget``."""
+
+    rule: Literal["max_claimed_epsilon"]
+    budget: float = Field(gt=0.0)
+
+
+class NoViolation(_Rule):
+    """The candidate's empirical epsilon lower bound must not refute its claim."""
+
+    rule: Literal["no_violation"]
+
+
+class TprAtFpr(_Rule):
+    """The candidate's TPR at ``fpr`` must not exceed the baseline's beyond their confidence intervals."""
+
+    rule: Literal["tpr_at_fpr"]
+    attack: str = "max"
+    fpr: float = Field(0.001, gt=0.0, lt=1.0)
+    tolerance: float = Field(0.0, ge=0.0, le=1.0)
+
+    @field_validator("attack")
+    @classmethod
+    def _attack_name(cls, value: str) -> str:
+        return _check_attack(value)
+
+
+class MinAccuracyDelta(_Rule):
+    """The candidate's test accuracy must be at least the baseline's minus ``tolerance``."""
+
+    rule: Literal["min_accuracy_delta"]
+    tolerance: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class MaxAuc(_Rule):
+    """The candidate's attack AUC must not exceed ``threshold``."""
+
+    rule: Literal["max_auc"]
+    attack: str = "max"
+    threshold: float = Field(gt=0.0, le=1.0)
+
+    @field_validator("attack")
+    @classmethod
+    def _attack_name(cls, value: str) -> str:
+        return _check_attack(value)
+
+
+Rule = Annotated[MaxClaimedEpsilon | NoViolation | TprAtFpr | MinAccuracyDelta | MaxAuc,
+                 Field(discriminator="rule")]
+RULE_MODELS: dict[str, type[_Rule]] = {
+    "max_claimed_epsilon": MaxClaimedEpsilon, "no_violation": NoViolation, "tpr_at_fpr": TprAtFpr,
+    "min_accuracy_delta": MinAccuracyDelta, "max_auc": MaxAuc,
+}
+
+
+class GatePolicy(BaseModel):
+    """A gate policy: a named, ordered list of rules (all must pass)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["dp-audit-gate/1"] = "dp-audit-gate/1"
+    name: str | None = None
+    rules: list[Rule] = Field(min_length=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuleResult:
+    """The outcome of one rule.
+
+    Attributes:
+        rule: the rule's name (``tpr_at_fpr``, ...).
+        label: a short human description (e.g. ``TPR at 0.1% FPR (max)``).
+        baseline, candidate, threshold: display strings, as printed in the table.
+        passed: whether the rule passed.
+        detail: one sentence explaining the outcome.
+        values: the raw numbers compared (for ``gate.json``).
+    """
+
+    rule: str
+    label: str
+    baseline: str
+    candidate: str
+    threshold: str
+    passed: bool
+    detail: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+def _need(obj: Any, what: str, run: RunFiles, command: str) -> Any:
+    if obj is None:
+        raise UserError(f"{what} is missing from {run.run_dir}: run '{command} {run.run_dir}' first")
+    return obj
+
+
+def _pick(attack: AttackFile, name: str, run: RunFiles, score) -> tuple[str, Any]:
+    if name == "max":
+        return max(attack.attacks.items(), key=lambda kv: score(kv[1]))
+    if name not in attack.attacks:
+        raise UserError(f"attack '{name}' is not in {run.run_dir / 'attack.json'} (it has "
+                        f"{', '.join(attack.attacks) or 'none'}): run it or set attack: max in the policy")
+    return name, attack.attacks[name]
+
+
+def _nan_low(x: float | None) -> float:
+    return -math.inf if x is None or math.isnan(x) else x
+
+
+def _tpr_interval(run: RunFiles, rule: TprAtFpr) -> tuple[str, float, float, float]:
+    attack = _need(run.attack, "attack.json", run, "audit attack")
+    if not attack.attacks:
+        raise UserError(f"{run.run_dir / 'attack.json'} holds no attacks: re-run 'audit attack {run.run_dir}'")
+
+    def key_of(entry) -> str:
+        key = level_key(entry.metrics.tpr_at_fpr, rule.fpr)
+        if key is None:
+            raise UserError(f"{run.run_dir / 'attack.json'} has no TPR at FPR {rule.fpr} (levels: "
+                            f"{', '.join(entry.metrics.tpr_at_fpr)}): change the policy's fpr or re-run the attack")
+        return key
+
+    name, entry = _pick(attack, rule.attack, run, lambda e: _nan_low(e.metrics.tpr_at_fpr[key_of(e)]))
+    key = key_of(entry)
+    tpr = entry.metrics.tpr_at_fpr[key]
+    lo, hi = entry.metrics.tpr_at_fpr_ci.get(key) or (tpr, tpr)  # no interval written: the point value
+    return name, tpr, lo, hi
+
+
+def _eval_claimed(rule: MaxClaimedEpsilon, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
+    b, c = baseline.manifest.privacy.claimed_epsilon, candidate.manifest.privacy.claimed_epsilon
+    ok = c <= rule.budget
+    detail = (f"candidate claims ε = {fmt.eps(c)}" + (" (no DP claim)" if math.isinf(c) else "")
+              + (f" ≤ budget {fmt.eps(rule.budget)}" if ok else f" > budget {fmt.eps(rule.budget)}"))
+    return RuleResult(rule=rule.rule, label="claimed ε", baseline=fmt.eps(b), candidate=fmt.eps(c),
+                      threshold=f"≤ {fmt.eps(rule.budget)}", passed=ok, detail=detail,
+                      values={"baseline": b, "candidate": c, "budget": rule.budget})
+
+
+def _eval_violation(rule: NoViolation, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
+    eps = _need(candidate.epsilon, "epsilon.json", candidate, "audit epsilon")
+    claimed = eps.claim(candidate.manifest.privacy.claimed_epsilon)
+    status, lb = eps.verdict.status, eps.verdict.best_epsilon_lb
+    over = lb is not None and math.isfinite(claimed) and lb > claimed
+    ok = status != "VIOLATION" and not over
+    b_status = baseline.epsilon.verdict.status if baseline.epsilon is not None else fmt.MISSING
+    relation = "does not refute the claim" if ok else "exceeds the claimed"
+    detail = f"verdict {status}: best ε lower bound {fmt.eps(lb)} {relation} ε = {fmt.eps(claimed)}"
+    return RuleResult(rule=rule.rule, label="ε verdict", baseline=b_status,
+                      candidate=f"{status} (ε_lb {fmt.eps(lb)})", threshold="not VIOLATION", passed=ok,
+                      detail=detail, values={"baseline_status": None if b_status == fmt.MISSING else b_status,
+                                             "candidate_status": status, "candidate_epsilon_lb": lb,
+                                             "candidate_claimed_epsilon": claimed})
+
+
+def _eval_tpr(rule: TprAtFpr, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
+    bn, bt, blo, bhi = _tpr_interval(baseline, rule)
+    cn, ct, clo, chi = _tpr_interval(candidate, rule)
+    limit = bhi + rule.tolerance
+    ok = not clo > limit
+    detail = (f"candidate CI low {fmt.prob(clo)} {'≤' if ok else '>'} baseline CI high {fmt.prob(bhi)} + tolerance "
+              f"{fmt.prob(rule.tolerance)} = {fmt.prob(limit)}")
+    return RuleResult(
+        rule=rule.rule, label=f"TPR at {fmt.fpr_label(rule.fpr)} FPR ({rule.attack})",
+        baseline=f"{fmt.prob(bt)} {fmt.ci(blo, bhi)} {bn}", candidate=f"{fmt.prob(ct)} {fmt.ci(clo, chi)} {cn}",
+        threshold=f"CI low ≤ {fmt.prob(limit)}", passed=ok, detail=detail,
+        values={"fpr": rule.fpr, "tolerance": rule.tolerance,
+                "baseline": {"attack": bn, "tpr": bt, "ci": [blo, bhi]},
+                "candidate": {"attack": cn, "tpr": ct, "ci": [clo, chi]}, "limit": limit})
+
+
+def _eval_accuracy(rule: MinAccuracyDelta, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
+    b = _need(baseline.test_accuracy, "test accuracy (metrics.json)", baseline, "audit train")
+    c = _need(candidate.test_accuracy, "test accuracy (metrics.json)", candidate, "audit train")
+    limit = b - rule.tolerance
+    ok = c >= limit - _ACCURACY_SLACK
+    detail = (f"candidate accuracy {fmt.prob(c)} {'≥' if ok else '<'} baseline {fmt.prob(b)} − tolerance "
+              f"{fmt.prob(rule.tolerance)}")
+    return RuleResult(rule=rule.rule, label="test accuracy", baseline=fmt.prob(b), candidate=fmt.prob(c),
+                      threshold=f"≥ {fmt.prob(limit)}", passed=ok, detail=detail,
+                      values={"baseline": b, "candidate": c, "tolerance": rule.tolerance, "limit": limit})
+
+
+def _auc(run: RunFiles, rule: MaxAuc) -> tuple[str, float]:
+    attack = _need(run.attack, "attack.json", run, "audit attack")
+    if not attack.attacks:
+        raise UserError(f"{run.run_dir / 'attack.json'} holds no attacks: re-run 'audit attack {run.run_dir}'")
+    name, entry = _pick(attack, rule.attack, run, lambda e: _nan_low(e.metrics.auc))
+    return name, entry.metrics.auc
+
+
+def _eval_auc(rule: MaxAuc, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
+    cn, c = _auc(candidate, rule)
+    b_text, b = fmt.MISSING, None
+    if baseline.attack is not None and baseline.attack.attacks:
+        bn, b = _auc(baseline, rule)
+        b_text = f"{fmt.prob(b)} {bn}"
+    ok = not math.isnan(c) and c <= rule.threshold
+    detail = f"candidate AUC {fmt.prob(c)} ({cn}) {'≤' if ok else '>'} threshold {fmt.prob(rule.threshold)}"
+    return RuleResult(rule=rule.rule, label=f"attack AUC ({rule.attack})", baseline=b_text,
+                      candidate=f"{fmt.prob(c)} {cn}", threshold=f"≤ {fmt.prob(rule.threshold)}", passed=ok,
+                      detail=detail, values={"baseline": b, "candidate": c, "candidate_attack": cn,
+                                             "threshold": rule.threshold})
+
+
+_EVALUATORS = {MaxClaimedEpsilon: _eval_claimed, NoViolation: _eval_violation, TprAtFpr: _eval_tpr,
+               MinAccuracyDelta: _eval_accuracy, MaxAuc: _eval_auc}
+
+
+def evaluate_rule(rule: Rule, *, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
+    """Evaluate one policy rule (see the module docstring for each rule's exact condition).
+
+    Raises:
+        UserError: a file or value the rule needs is missing.
+    """
+    return _EVALUATORS[type(rule)](rule, baseline, candidate)

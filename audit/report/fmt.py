@@ -1,0 +1,100 @@
+"""Fixed-precision number formatting shared by every report renderer.
+
+The report shows each number from the JSON files through exactly one of these functions, so the HTML, the
+Markdown and ``report.json`` agree, and a test can recompute the string from the JSON value:
+
+=========================  =================  ==============
+quantity                   function           example
+=========================  =================  ==============
+AUC, TPR, FPR, accuracy    :func:`prob`       ``0.1234``
+epsilon, ceiling           :func:`eps`        ``2.345``, ``∞``
+delta                      :func:`sci`        ``1.00e-05``
+sigma, q, C, alpha, ratio  :func:`num`        ``1.1``, ``0.004``
+counts                     :func:`count`      ``12,345``
+=========================  =================  ==============
+
+Missing values print as ``—`` and NaN as ``n/a``.
+
+>>> prob(0.123456), eps(float("inf")), sci(1e-5), num(0.00390625), count(12345), ci(0.1, 0.25)
+('0.1235', '∞', '1.00e-05', '0.003906', '12,345', '[0.1000, 0.2500]')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+__all__ = ["MISSING", "prob", "pct", "eps", "sci", "num", "count", "ci", "fpr_label"]
+
+MISSING = "—"
+
+
+def _guard(fn: Callable[[float], str]) -> Callable[[float | None], str]:
+    def wrapped(x: float | int | None) -> str:
+        if x is None:
+            return MISSING
+        x = float(x)
+        if math.isnan(x):
+            return "n/a"
+        if math.isinf(x):
+            return "∞" if x > 0 else "−∞"
+        return fn(x)
+
+    wrapped.__name__ = fn.__name__
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+@_guard
+def prob(x: float) -> str:
+    """A probability-like quantity (AUC, TPR, accuracy) with 4 decimals."""
+    return f"{x:.4f}"
+
+
+@_guard
+def pct(x: float) -> str:
+    """A probability as a percentage with 2 decimals (used only in prose, next to :func:`prob`)."""
+    return f"{100.0 * x:.2f}%"
+
+
+@_guard
+def eps(x: float) -> str:
+    """An epsilon (claimed, lower bound or ceiling) with 3 decimals."""
+    return f"{x:.3f}"
+
+
+@_guard
+def sci(x: float) -> str:
+    """A small probability such as delta in scientific notation with 3 significant digits."""
+    return f"{x:.2e}"
+
+
+@_guard
+def num(x: float) -> str:
+    """A parameter (sigma, q, C, alpha, a ratio) with 4 significant digits."""
+    return f"{x:.4g}"
+
+
+def count(x: int | float | None) -> str:
+    """An integer count with thousands separators."""
+    if x is None:
+        return MISSING
+    if isinstance(x, float) and not x.is_integer():
+        return num(x)
+    return f"{int(x):,}"
+
+
+def ci(lo: float | None, hi: float | None, fmt: Callable[[float | None], str] = prob) -> str:
+    """A confidence interval ``[lo, hi]``; ``—`` when either end is missing."""
+    if lo is None or hi is None:
+        return MISSING
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def fpr_label(fpr: float) -> str:
+    """An FPR level as a percentage label: 0.001 -> ``0.1%``.
+
+    >>> fpr_label(0.001), fpr_label(0.01), fpr_label(0.0001)
+    ('0.1%', '1%', '0.01%')
+    """
+    return f"{100.0 * fpr:.10g}%"

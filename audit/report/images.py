@@ -1,0 +1,76 @@
+"""Training-pool images for the report's thumbnails of the most vulnerable examples.
+
+The pool is re-loaded from the run's resolved ``config.yaml`` with ``training.data.load_pool`` and accepted
+only when its fingerprint equals the manifest's ``data.pool_fingerprint`` (so a thumbnail never shows an image
+from a different pool). When anything is missing the report lists pool indices instead, and says why.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+from audit.report.inputs import RunFiles
+from training.errors import UserError
+from training.io import fingerprint_arrays
+
+__all__ = ["PoolImages", "load_pool_images", "thumbnail_uri"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolImages:
+    """The training pool: ``x`` uint8 (N, H, W, 3), ``y`` int (N,), class names."""
+
+    x: np.ndarray
+    y: np.ndarray
+    classes: tuple[str, ...]
+
+
+def load_pool_images(run: RunFiles) -> tuple[PoolImages | None, str]:
+    """Load the run's training pool for thumbnails.
+
+    Args:
+        run: the parsed run directory.
+
+    Returns:
+        ``(images, "")`` on success, else ``(None, reason)`` with a one-line reason for the report.
+    """
+    if run.config is None or not isinstance(run.config.get("data"), dict):
+        return None, "the run directory has no config.yaml with a data section, so the pool cannot be re-loaded"
+    try:
+        from training.config import DataConfig, validate_config
+        from training.data import load_pool
+    except ImportError as exc:
+        return None, f"the dataset loaders are not available ({exc})"
+    try:
+        cfg = validate_config(run.config["data"], DataConfig, source="config.yaml data section")
+        pool = load_pool(cfg)
+    except (UserError, OSError) as exc:
+        return None, f"the pool could not be re-loaded ({exc})"
+    x, y = np.asarray(pool.x), np.asarray(pool.y)
+    if fingerprint_arrays(x, y) != run.manifest.data.pool_fingerprint:
+        return None, "the re-loaded pool does not match the manifest's pool fingerprint"
+    return PoolImages(x=x, y=y, classes=tuple(pool.classes)), ""
+
+
+def thumbnail_uri(image: np.ndarray, *, size: int = 64) -> str:
+    """A ``data:image/png;base64,...`` URI of one uint8 image, upscaled (nearest) to about ``size`` pixels.
+
+    >>> thumbnail_uri(np.zeros((8, 8, 3), np.uint8))[:22]
+    'data:image/png;base64,'
+    """
+    from PIL import Image
+
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8 or arr.ndim not in (2, 3):
+        raise ValueError(f"image must be uint8 (H, W) or (H, W, C), got {arr.dtype} {arr.shape}")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    scale = max(1, round(size / max(arr.shape[0], arr.shape[1])))
+    img = Image.fromarray(arr).resize((arr.shape[1] * scale, arr.shape[0] * scale), Image.Resampling.NEAREST)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")

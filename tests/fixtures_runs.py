@@ -1,0 +1,198 @@
+"""Construct fake but schema-valid run directories for report and gate tests.
+
+A run directory is built from the documented schemas: ``manifest.json`` through the pydantic
+:class:`training.manifest.Manifest`, and ``metrics.json``, ``attack.json``, ``epsilon.json``, ``transfer.json``
+as plain JSON written with :func:`training.io.write_json` (non-finite floats become "inf"/"nan" strings).
+Attack curves are binormal: with separation ``d`` (higher score = member), TPR(FPR) = Φ(Φ⁻¹(FPR) + d) and
+AUC = Φ(d / √2), so every number is known in closed form.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy.stats import norm
+
+from training.io import fingerprint_arrays, read_json, sha256_file, write_json, write_npy, write_text
+from training.manifest import (
+    DataInfo,
+    Manifest,
+    MembershipInfo,
+    ModelInfo,
+    PhaseInfo,
+    PrivacyInfo,
+    Provenance,
+    write_manifest,
+)
+
+__all__ = ["LEVELS", "make_run", "update_json", "pool_arrays", "binormal_tpr"]
+
+LEVELS = ("0.01", "0.001", "0.0001")
+ALL_ATTACKS = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline")
+
+
+def pool_arrays(n: int, *, seed: int = 0, size: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """A deterministic tiny image pool: x uint8 (n, size, size, 3), y int64 in 0..9."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
+    y = rng.integers(0, 10, size=n).astype(np.int64)
+    return x, y
+
+
+def binormal_tpr(fpr: np.ndarray | float, d: float) -> np.ndarray:
+    """TPR of a binormal ROC with separation ``d`` at ``fpr``."""
+    return norm.cdf(norm.ppf(np.clip(fpr, 1e-12, 1 - 1e-12)) + d)
+
+
+def _attack_entry(d: float, *, n_members: int, n_nonmembers: int, pool_size: int, rng: np.random.Generator
+                  ) -> dict[str, Any]:
+    fpr = np.concatenate([[0.0], np.geomspace(1.0 / n_nonmembers, 1.0, 40)])
+    tpr = binormal_tpr(fpr, d)
+    tpr[0] = 0.0
+    width = 1.5 * np.sqrt(np.maximum(tpr * (1 - tpr), 1e-6) / n_members)
+    tpr_at = {lv: float(binormal_tpr(float(lv), d)) for lv in LEVELS}
+    tpr_ci = {lv: [max(0.0, v - 0.013 - 0.5 * v), min(1.0, v + 0.017 + 0.5 * v)] for lv, v in tpr_at.items()}
+    auc = float(norm.cdf(d / np.sqrt(2)))
+    return {
+        "params": {"d": d},
+        "metrics": {
+            "auc": auc, "auc_ci": [auc - 0.0123, min(1.0, auc + 0.0117)],
+            "tpr_at_fpr": tpr_at, "tpr_at_fpr_ci": tpr_ci,
+            "balanced_accuracy": float(0.5 + 0.5 * (auc - 0.5)),
+            "n_members": n_members, "n_nonmembers": n_nonmembers,
+        },
+        "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "tpr_lo": np.clip(tpr - width, 0, 1).tolist(),
+                "tpr_hi": np.clip(tpr + width, 0, 1).tolist()},
+        "per_class": {str(c): {"auc": float(auc + 0.01 * (c - 4.5) / 4.5), "n": int(20 + c)} for c in range(10)},
+        "most_vulnerable": [int(i) for i in rng.choice(pool_size, size=8, replace=False)],
+    }
+
+
+def make_run(
+    run_dir: str | Path,
+    *,
+    dp: bool = True,
+    epsilon: float = 8.0,
+    delta: float = 1e-5,
+    sampling: str = "poisson",
+    pool_size: int = 200,
+    dataset: str = "synthetic",
+    num_classes: int = 10,
+    attacks: Sequence[str] = ("loss", "lira_online", "rmia_online"),
+    leakage: float = 0.5,
+    n_reference: int = 8,
+    with_metrics: bool = True,
+    with_attack: bool = True,
+    with_epsilon: bool = True,
+    with_transfer: bool = True,
+    with_config: bool = True,
+    test_accuracy: float = 0.8765432,
+    epsilon_lb: float = 1.2345678,
+    ceiling: float = 6.54321,
+    seed: int = 0,
+    pool: tuple[np.ndarray, np.ndarray] | None = None,
+    config_data: dict[str, Any] | None = None,
+) -> Path:
+    """Write a complete fake run directory and return its path.
+
+    Args:
+        run_dir: directory to create.
+        dp, epsilon, delta, sampling: the privacy claim (``dp=False`` gives a non-DP run with no claim).
+        attacks: attack names to include in ``attack.json``; ``leakage`` scales their binormal separations.
+        with_*: include the optional files.
+        epsilon_lb, ceiling: the best estimate's lower bound and ceiling; the verdict follows from them.
+        pool: the pool's (x, y) arrays (default: :func:`pool_arrays`); the manifest holds their fingerprint.
+        config_data: the ``data`` section written to ``config.yaml`` (default: a synthetic dataset).
+    """
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    x, y = pool if pool is not None else pool_arrays(pool_size, seed=seed)
+    pool_size = len(y)
+    membership = rng.random(pool_size) < 0.5
+    write_npy(run / "membership.npy", membership)
+    write_text(run / "model.safetensors", "not real weights")
+    n_members = int(membership.sum())
+    phases = [PhaseInfo(name="private", dp=dp, noise_multiplier=1.1 if dp else None,
+                        sample_rate=0.0390625 if dp else None, steps=1250, batch_size=64,
+                        sampling=sampling if dp else "shuffle", max_grad_norm=1.0 if dp else None,
+                        clipping="flat" if dp else None, epsilon=epsilon if dp else None)]
+    manifest = Manifest(
+        run_name=run.name,
+        model=ModelInfo(arch="small_cnn", num_classes=num_classes, input_shape=(3, 8, 8), param_count=12345,
+                        trainable_param_count=12345, weights_sha256=sha256_file(run / "model.safetensors")),
+        data=DataInfo(dataset=dataset, split="train", pool_size=pool_size, pool_seed=0,
+                      pool_fingerprint=fingerprint_arrays(x, y),
+                      membership_sha256=sha256_file(run / "membership.npy"),
+                      membership=MembershipInfo(scheme="bernoulli", p=0.5, seed=seed, n_members=n_members,
+                                                n_pool=pool_size)),
+        privacy=PrivacyInfo(dp=dp, delta=delta if dp else None, accountant="prv" if dp else None,
+                            epsilon=epsilon if dp else None,
+                            epsilon_cross_check={"accountant": "pld", "epsilon": epsilon * 1.001} if dp else None,
+                            phases=phases),
+        provenance=Provenance(package_version="0.1.0", git_commit="abc1234", torch="2.14.1", opacus="1.6.0",
+                              timm="1.0.31", seed=seed, config_sha256="f" * 64, created="2025-01-01T00:00:00+00:00",
+                              command="audit train eval_configs/quickstart.yaml"),
+    )
+    write_manifest(run, manifest)
+    if with_config:
+        data_cfg = config_data if config_data is not None else {"dataset": dataset, "pool_size": pool_size}
+        write_text(run / "config.yaml", yaml.safe_dump({"name": run.name, "data": data_cfg}, sort_keys=False))
+    if with_metrics:
+        write_json(run / "metrics.json", {"test_accuracy": test_accuracy, "train_accuracy": test_accuracy + 0.0412,
+                                          "steps": 1250, "epsilon_spent": epsilon if dp else None,
+                                          "final_loss": 0.61234})
+    claimed = epsilon if dp else float("inf")
+    if with_attack:
+        n_non = pool_size - n_members
+        entries = {name: _attack_entry(leakage * (0.3 + 0.25 * ALL_ATTACKS.index(name)), n_members=n_members,
+                                       n_nonmembers=n_non, pool_size=pool_size, rng=rng) for name in attacks}
+        write_json(run / "attack.json", {
+            "format": "dp-audit-attack/1", "run": run.name,
+            "setup": {"n_reference": n_reference, "augmentations": ["identity", "flip"], "pool_size": pool_size,
+                      "n_members": n_members, "n_population": 100, "evaluation": "target",
+                      "recipe_hash": "1234abcd"},
+            "attacks": entries, "utility": {"test_accuracy": test_accuracy}})
+    if with_epsilon:
+        if not dp:
+            status = "NO_CLAIM"
+        else:
+            status = "VIOLATION" if epsilon_lb > claimed else "CONSISTENT"
+        estimates = [
+            {"method": "one_run", "source": "pool", "epsilon_lb": epsilon_lb, "alpha": 0.05, "delta": delta,
+             "counts": {"m": pool_size, "r": 60, "v": 57, "k_pos": 30, "k_neg": 30}, "ceiling": ceiling,
+             "assumptions": "members drawn independently with probability 1/2", "extra": {}},
+            {"method": "gdp", "source": "pool", "epsilon_lb": epsilon_lb / 2.1, "alpha": 0.05, "delta": delta,
+             "counts": {"n": pool_size}, "ceiling": float("inf"), "assumptions": "Gaussian trade-off curve",
+             "extra": {"mu": 0.3}},
+        ]
+        write_json(run / "epsilon.json", {
+            "format": "dp-audit-epsilon/1", "claimed_epsilon": claimed, "delta": delta, "alpha": 0.05,
+            "estimates": estimates,
+            "verdict": {"status": status, "best_epsilon_lb": epsilon_lb, "best_method": "one_run",
+                        "tightness": epsilon_lb / claimed if dp else None,
+                        "inconclusive_above": ceiling if (dp and ceiling < claimed) else None,
+                        "notes": ["best of 2 estimates"]}})
+    if with_transfer:
+        write_json(run / "transfer.json", {"format": "dp-audit-transfer/1", "datasets": {
+            "cifar10": {"status": "ok", "reason": None,
+                        "protocols": {"linear_probe": {"accuracy": 0.71234, "ci": [0.70111, 0.72345]},
+                                      "knn": {"accuracy": 0.65432, "ci": [0.64321, 0.66543]}},
+                        "layers": [{"block": i, "separability": 0.2 + 0.1 * i, "residual": 0.5} for i in range(4)],
+                        "rho": 0.8123},
+            "svhn": {"status": "missing", "reason": "no data root for svhn", "protocols": {}, "layers": [],
+                     "rho": None}}})
+    return run
+
+
+def update_json(run_dir: str | Path, name: str, mutate: Callable[[dict[str, Any]], None]) -> None:
+    """Load ``run_dir/name``, apply ``mutate`` in place, and write it back."""
+    path = Path(run_dir) / name
+    data = read_json(path)
+    mutate(data)
+    write_json(path, json.loads(json.dumps(data)))

@@ -1,0 +1,343 @@
+"""Tests of `audit report`: sections, numbers equal to the JSON files, self-containment, real rendering."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from audit.cli import main
+from audit.report import Figures, PoolImages, build_report, load_run, render_html, write_report
+from audit.report.chromium import find_chromium, headless_args
+from fixtures_runs import LEVELS, make_run, pool_arrays, update_json
+from training.io import read_json
+
+SECTIONS = ["glance", "claim", "threat", "attacks", "epsilon", "utility", "provenance", "limitations"]
+MD_HEADINGS = ["## 1. Verdict at a glance", "## 2. The claim", "## 3. Threat model", "## 4. Attacks",
+               "## 5. ε lower bounds", "## 6. Utility and transfer", "## 7. Provenance and reproduction",
+               "## 8. Limitations"]
+
+
+def _p4(x: float) -> str:  # independent of audit.report.fmt on purpose
+    return f"{x:.4f}"
+
+
+def _e3(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.3f}"
+
+
+def _write(run: Path, **kw):
+    return write_report(run_dir=run, load_images=False, generated="2025-01-02T03:04:05+00:00", **kw)
+
+
+def _row(html: str, attr: str, value: str) -> str:
+    m = re.search(rf'<tr {attr}="{re.escape(value)}">(.*?)</tr>', html, flags=re.S)
+    assert m, f"no row {attr}={value}"
+    return m.group(1)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return make_run(tmp_path / "run_a", attacks=("loss", "calibrated_loss", "lira_online", "rmia_offline"))
+
+
+def test_every_section_present_in_order(run: Path) -> None:
+    paths = _write(run)
+    html = paths.html.read_text()
+    positions = [html.index(f'data-section="{s}"') for s in SECTIONS]
+    assert positions == sorted(positions)
+    md = paths.markdown.read_text()
+    md_pos = [md.index(h) for h in MD_HEADINGS]
+    assert md_pos == sorted(md_pos)
+    assert "not run" not in html.lower() and "not run" not in md.lower()
+    data = read_json(paths.json)
+    assert data["format"] == "dp-audit-report/1"
+    assert {"glance", "claim", "threat", "attacks", "epsilon", "utility", "provenance", "limitations"} <= set(data)
+
+
+def test_attack_numbers_equal_attack_json(run: Path) -> None:
+    paths = _write(run)
+    html, md = paths.html.read_text(), paths.markdown.read_text()
+    attack = read_json(run / "attack.json")
+    for name, entry in attack["attacks"].items():
+        m = entry["metrics"]
+        row = _row(html, "data-attack", name)
+        md_row = next(line for line in md.splitlines() if line.startswith(f"| {name} |"))
+        expected = [_p4(m["auc"]), f"[{_p4(m['auc_ci'][0])}, {_p4(m['auc_ci'][1])}]", _p4(m["balanced_accuracy"])]
+        for lv in LEVELS:
+            lo, hi = m["tpr_at_fpr_ci"][lv]
+            expected += [_p4(m["tpr_at_fpr"][lv]), f"[{_p4(lo)}, {_p4(hi)}]"]
+        for text in expected:
+            assert text in row, (name, text)
+            assert text in md_row, (name, text)
+        assert f"{m['n_members']} / {m['n_nonmembers']}" in row
+    # report.json carries the unrounded values
+    rows = {r["name"]: r for r in read_json(paths.json)["attacks"]["rows"]}
+    for name, entry in attack["attacks"].items():
+        assert rows[name]["auc"] == entry["metrics"]["auc"]
+        assert rows[name]["tpr"] == entry["metrics"]["tpr_at_fpr"]
+
+
+def test_glance_shows_strongest_attack_and_claim(run: Path) -> None:
+    paths = _write(run)
+    html = paths.html.read_text()
+    attack = read_json(run / "attack.json")["attacks"]
+    best = max(attack, key=lambda k: attack[k]["metrics"]["tpr_at_fpr"]["0.001"])
+    tpr = attack[best]["metrics"]["tpr_at_fpr"]["0.001"]
+    assert re.search(rf'data-field="strongest_tpr">{_p4(tpr)}<', html)
+    assert f"{best} [" in html
+    eps = read_json(run / "epsilon.json")
+    assert re.search(rf'data-field="best_epsilon_lb">{_e3(eps["verdict"]["best_epsilon_lb"])}<', html)
+    assert 'data-field="claimed_epsilon">8.000<' in html
+    metrics = read_json(run / "metrics.json")
+    assert re.search(rf'data-field="test_accuracy">{_p4(metrics["test_accuracy"])}<', html)
+    assert 'data-status="CONSISTENT"' in html
+    g = read_json(paths.json)["glance"]
+    assert g["strongest_attack"] == best and g["strongest_tpr"] == tpr
+
+
+def test_epsilon_numbers_equal_epsilon_json(run: Path) -> None:
+    paths = _write(run)
+    html, md = paths.html.read_text(), paths.markdown.read_text()
+    eps = read_json(run / "epsilon.json")
+    claimed = eps["claimed_epsilon"]
+    for i, est in enumerate(eps["estimates"]):
+        row = _row(html, "data-estimate", str(i))
+        ceiling = float(est["ceiling"])
+        for text in (est["method"], est["source"], _e3(est["epsilon_lb"]), _e3(ceiling),
+                     f"{est['alpha']:.4g}", f"{est['delta']:.2e}", f"{est['epsilon_lb'] / claimed:.4g}"):
+            assert text in row, (i, text)
+        for k, v in est["counts"].items():
+            assert f"{k}={v:,}" in row
+        md_row = next(line for line in md.splitlines()
+                      if line.startswith(f"| {est['method'].replace('_', chr(92) + '_')} |"))
+        assert _e3(est["epsilon_lb"]) in md_row and _e3(ceiling) in md_row
+    assert "inconclusive above ε = 6.543" in html
+
+
+def test_claim_section_shows_phases_and_accountants(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", sampling="shuffle")
+    html = _write(run).html.read_text()
+    row = _row(html, "data-phase", "private")
+    for text in ("1.1", "0.03906", "1,250", "64", "flat", "shuffle (not Poisson)"):
+        assert text in row
+    assert 'data-flag="non-poisson"' in html
+    assert 'data-field="cross_check_epsilon">8.008' in html and "pld accountant" in html
+    assert 'data-field="delta">1.00e-05<' in html
+    lim = read_json(tmp_path / "r" / "report.json")["limitations"]
+    assert any("Poisson" in item for item in lim)
+    poisson = _write(make_run(tmp_path / "p")).html.read_text()
+    assert 'data-flag="non-poisson"' not in poisson
+
+
+def test_missing_files_say_not_run_with_command(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "bare", with_attack=False, with_epsilon=False, with_transfer=False)
+    paths = _write(run)
+    html, md = paths.html.read_text(), paths.markdown.read_text()
+    for section, cmd in (("attacks", f"audit attack {run}"), ("epsilon", f"audit epsilon {run}"),
+                         ("transfer", f"audit transfer {run}")):
+        block = re.search(rf'<div class="not-run" data-not-run="{section}">(.*?)</div>', html, flags=re.S)
+        assert block and "Not run." in block.group(1) and cmd in block.group(1)
+        assert f"**Not run.** Produce it with `{cmd}`." in md
+    assert 'data-status="NOT_AUDITED"' in html
+    assert "has not been audited yet" in html
+
+
+def _model(run: Path):
+    """The report's data model and its HTML without figures (fast: no matplotlib)."""
+    report = build_report(load_run(run))
+    return report, render_html(report, Figures())
+
+
+def test_verdicts_and_caveats(tmp_path: Path) -> None:
+    _, html = _model(make_run(tmp_path / "v", epsilon=2.0, epsilon_lb=3.5, ceiling=9.0))
+    assert 'data-status="VIOLATION"' in html and "at least 3.500, above the claimed ε = 2.000" in html
+    nodp, html = _model(make_run(tmp_path / "n", dp=False))
+    assert 'data-status="NO_CLAIM"' in html and 'data-field="claimed_epsilon">none<' in html
+    assert any("without differential privacy" in item for item in nodp.limitations)
+    assert nodp.epsilon.claimed_epsilon == math.inf  # "inf" in epsilon.json is parsed back to a float
+    weak, _ = _model(make_run(tmp_path / "w", delta=0.05, n_reference=4, ceiling=5.0))
+    lim = " ".join(weak.limitations)
+    assert "not below 1/n" in lim and "Only 4 reference models" in lim and "inconclusive" in lim
+    strong, _ = _model(make_run(tmp_path / "s", n_reference=64, ceiling=20.0))
+    lim = " ".join(strong.limitations)
+    assert "not below 1/n" not in lim and "reference model" not in lim and "inconclusive" not in lim
+    assert "lower bounds" in lim
+    only_loss, _ = _model(make_run(tmp_path / "l", attacks=("loss", "attack_p"), n_reference=0))
+    assert any("Only reference-free attacks" in item for item in only_loss.limitations)
+
+
+def test_non_finite_strings_are_parsed(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "nf")
+    update_json(run, "attack.json", lambda d: d["attacks"]["loss"]["metrics"].__setitem__("auc", "nan"))
+    html = _write(run).html.read_text()
+    assert "n/a" in _row(html, "data-attack", "loss")
+    assert "∞" in _row(html, "data-estimate", "1")
+
+
+def test_html_is_self_contained(run: Path) -> None:
+    html = _write(run, images=PoolImages(x=pool_arrays(200)[0], y=pool_arrays(200)[1],
+                                         classes=tuple("abcdefghij"))).html.read_text()
+    assert "http://" not in html and "https://" not in html
+    assert "<script" not in html.lower() and "<link" not in html.lower() and "@import" not in html
+    for src in re.findall(r'\b(?:src|href)\s*=\s*"([^"]*)"', html):
+        assert src.startswith("data:") or src.startswith("#"), src
+    for target in re.findall(r"url\(\s*['\"]?([^)'\"]*)", html):
+        assert target.startswith("#") or target.startswith("data:"), target
+    assert html.count("<svg") == 3  # ROC, epsilon bars, transfer diagnostics
+
+
+def test_thumbnails_are_inline_pngs(run: Path) -> None:
+    x, y = pool_arrays(200)
+    paths = write_report(run_dir=run, images=PoolImages(x=x, y=y, classes=tuple(f"c{i}" for i in range(10))))
+    html = paths.html.read_text()
+    uris = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    strongest = read_json(paths.json)["attacks"]["strongest"]
+    vulnerable = read_json(run / "attack.json")["attacks"][strongest]["most_vulnerable"]
+    assert len(uris) == len(vulnerable)
+    from PIL import Image
+
+    first = np.asarray(Image.open(io.BytesIO(base64.b64decode(uris[0]))).convert("RGB"))
+    assert first.shape == (64, 64, 3)
+    assert np.array_equal(first[::8, ::8], x[vulnerable[0]])  # nearest-neighbour upscale of the pool image
+
+
+def test_thumbnails_from_load_pool_or_indices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(tmp_path / "img")
+    x, y = pool_arrays(200)
+    fake = types.ModuleType("training.data")
+    fake.load_pool = lambda cfg: types.SimpleNamespace(x=x, y=y, classes=tuple("abcdefghij"))
+    monkeypatch.setitem(sys.modules, "training.data", fake)
+    html = write_report(run_dir=run).html.read_text()
+    assert html.count('src="data:image/png;base64,') == 8
+    fake.load_pool = lambda cfg: types.SimpleNamespace(x=x[::-1].copy(), y=y, classes=tuple("abcdefghij"))
+    html = write_report(run_dir=run).html.read_text()
+    assert "data:image/png" not in html and "does not match the manifest" in html
+    assert "Pool indices:" in html
+
+
+def test_thumbnails_with_the_real_digits_loader(tmp_path: Path) -> None:
+    data = pytest.importorskip("training.data", reason="training.data (dataset loaders) is not available")
+    from training.config import DataConfig
+
+    cfg = {"dataset": "digits", "pool_size": 60, "test_split": None}
+    try:
+        pool = data.load_pool(DataConfig.model_validate(cfg))
+    except Exception as exc:  # the loader belongs to another module; its failure is not this test's subject
+        pytest.skip(f"digits pool not loadable here: {exc}")
+    run = make_run(tmp_path / "digits", pool=(np.asarray(pool.x), np.asarray(pool.y)), config_data=cfg)
+    html = write_report(run_dir=run).html.read_text()
+    assert html.count('src="data:image/png;base64,') == 8
+
+
+def test_cli_report_writes_files_and_bad_input_exits_2(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["report", str(run), "--out", str(out), "--no-images"])
+    assert res.exit_code == 0, res.output
+    assert {p.name for p in out.iterdir()} == {"report.html", "report.md", "report.json"}
+    assert "CONSISTENT" in res.output
+    (run / "epsilon.json").write_text("{not json")
+    res = CliRunner().invoke(main, ["report", str(run), "--no-images"])
+    assert res.exit_code == 2 and "epsilon.json" in res.output
+    res = CliRunner().invoke(main, ["report", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "run directory not found" in res.output
+
+
+def test_pdf_without_chromium_is_a_user_error(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("audit.report.chromium.find_chromium", lambda: None)
+    res = CliRunner().invoke(main, ["report", str(run), "--pdf", "--no-images"])
+    assert res.exit_code == 2 and "needs Chromium" in res.output
+
+
+CHROMIUM = find_chromium()
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+
+
+def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(headless_args(CHROMIUM, profile) + args, capture_output=True, text=True, timeout=90)
+
+
+@needs_chromium
+def test_renders_in_headless_chromium(run: Path, tmp_path: Path) -> None:
+    paths = _write(run)
+    shot = tmp_path / "shot.png"
+    proc = _chromium(["--hide-scrollbars", "--window-size=1100,2400", "--enable-logging=stderr", "--v=0",
+                      f"--screenshot={shot}", paths.html.resolve().as_uri()], tmp_path / "profile1")
+    assert shot.is_file(), proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+    assert pixels.shape == (2400, 1100)
+    assert pixels.std() > 10.0  # not blank
+    assert (pixels < 100).mean() > 0.005  # some dark text was drawn
+    dom = _chromium(["--enable-logging=stderr", "--v=0", "--dump-dom", paths.html.resolve().as_uri()],
+                    tmp_path / "profile2")
+    assert all(f'data-section="{s}"' in dom.stdout for s in SECTIONS)
+    assert dom.stdout.count("<svg") == 3
+    assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+
+
+@needs_chromium
+def test_cli_pdf(run: Path) -> None:
+    res = CliRunner().invoke(main, ["report", str(run), "--pdf", "--no-images"])
+    assert res.exit_code == 0, res.output
+    pdf = (run / "report.pdf").read_bytes()
+    assert pdf.startswith(b"%PDF") and len(pdf) > 10_000
+
+
+def test_report_json_is_plain_json(run: Path) -> None:
+    paths = _write(run)
+    data = json.loads(paths.json.read_text())  # standard JSON (no NaN/Infinity tokens)
+    assert data["epsilon"]["rows"][1]["ceiling"] == "inf"
+    assert data["provenance"]["commands"][1] == f"audit attack {run}"
+
+
+def test_reads_the_layouts_the_other_commands_write(tmp_path: Path) -> None:
+    """Intervals written as null, estimates without 'source', the verdict's own claim, transfer rows as a list."""
+    run = make_run(tmp_path / "w")
+
+    def no_intervals(d: dict) -> None:
+        for entry in d["attacks"].values():
+            entry["metrics"]["auc_ci"] = None
+            entry["metrics"]["tpr_at_fpr_ci"] = None
+
+    def verdict_layout(d: dict) -> None:
+        d["verdict"].update(claimed_epsilon=d.pop("claimed_epsilon"), confidence=0.95, max_ceiling=6.54321)
+        d.pop("alpha")
+        for est in d["estimates"]:
+            est.pop("source")
+
+    update_json(run, "attack.json", no_intervals)
+    update_json(run, "epsilon.json", verdict_layout)
+    acc = {"correct": 712, "total": 1000, "accuracy": 0.712, "ci_low": 0.683, "ci_high": 0.739,
+           "confidence": 0.95, "method": "wilson"}
+    rows = [{"dataset": "cifar10", "name": "cifar10", "status": "ok", "linear_probe": {"accuracy": acc, "C": 1.0},
+             "knn": {"accuracy": {**acc, "accuracy": 0.6}, "k": 20},
+             "diagnostics": {"layers": [{"layer": f"layer{i}", "dim": 16, "fuzziness": 10.0 * 0.5 ** i,
+                                         "fisher": 0.1 * i, "residual": 0.5} for i in range(3)],
+                             "decay": {"rho": 0.5, "intercept": 2.3, "r_squared": 1.0, "n_layers": 3}},
+             "finetune": {"status": "error", "reason": "no head"}},
+            {"dataset": "svhn", "name": "svhn", "status": "missing", "reason": "missing: no svhn root"}]
+    update_json(run, "transfer.json", lambda d: d.update(datasets=rows))
+    paths = _write(run)
+    html = paths.html.read_text()
+    assert "0.7120" in _row(html, "data-transfer", "cifar10") and "[0.6830, 0.7390]" in html
+    assert "missing: no svhn root" in _row(html, "data-transfer", "svhn")
+    assert 'data-figure="transfer"' in html and "fuzziness" in html
+    assert 'data-status="CONSISTENT"' in html and "95% confidence" in html
+    best = read_json(paths.json)["attacks"]["strongest"]
+    tpr = read_json(run / "attack.json")["attacks"][best]["metrics"]["tpr_at_fpr"]["0.001"]
+    assert f'data-field="strongest_tpr">{_p4(tpr)}<' in html
+    assert "0.154" in _row(html, "data-estimate", "0")  # tightness against the verdict's own claim (8)
