@@ -1,0 +1,494 @@
+"""Transfer evaluation: linear probe, k-NN, confidence intervals, suites, feature cache and the runner."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from audit.transfer.knn import knn_classify, knn_predict
+from audit.transfer.metrics import accuracy_estimate, binomial_ci
+from audit.transfer.probes import linear_probe, stratified_split
+from audit.transfer.suite import TransferSuite, load_suite, parse_suite
+from training.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+# ---------------------------------------------------------------------------------------------- intervals
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (10, 10), (512, 1000), (1, 1)])
+@pytest.mark.parametrize("method", ["wilson", "clopper_pearson"])
+def test_binomial_ci_contains_estimate_and_orders(k, n, method):
+    low, high = binomial_ci(k, n, method=method)
+    assert 0.0 <= low <= k / n <= high <= 1.0
+    wider_low, wider_high = binomial_ci(k, n, confidence=0.99, method=method)
+    assert wider_low <= low and wider_high >= high
+
+
+def test_binomial_ci_reference_values():
+    # Wilson by its closed form; Clopper-Pearson k=0 upper end is 1 - (alpha/2)^(1/n).
+    low, high = binomial_ci(90, 100)
+    z = 1.959963984540054
+    centre = (0.9 + z * z / 200) / (1 + z * z / 100)
+    half = z * math.sqrt(0.9 * 0.1 / 100 + z * z / 40000) / (1 + z * z / 100)
+    assert (low, high) == pytest.approx((centre - half, centre + half))
+    assert binomial_ci(0, 20, method="clopper_pearson")[1] == pytest.approx(1 - 0.025 ** (1 / 20))
+    assert binomial_ci(20, 20, method="clopper_pearson")[0] == pytest.approx(0.025 ** (1 / 20))
+
+
+def test_binomial_ci_coverage_by_simulation():
+    rng = np.random.default_rng(0)
+    n, p = 60, 0.83
+    hits = sum(lo <= p <= hi for lo, hi in (binomial_ci(int(k), n, method="clopper_pearson")
+                                            for k in rng.binomial(n, p, size=2000)))
+    assert hits / 2000 >= 0.94
+
+
+@pytest.mark.parametrize("kwargs,match", [({"successes": 5, "trials": 4}, "successes"),
+                                          ({"successes": 1, "trials": 4, "confidence": 1.0}, "confidence"),
+                                          ({"successes": 1, "trials": 4, "method": "exact"}, "method")])
+def test_binomial_ci_rejects_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        binomial_ci(**kwargs)
+
+
+def test_accuracy_estimate_empty_is_nan_with_full_interval():
+    est = accuracy_estimate(correct=0, total=0)
+    assert math.isnan(est.accuracy) and (est.ci_low, est.ci_high) == (0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- probes
+
+
+def _separable(rng, n_per=40, k=4, d=10, margin=6.0, noise=1.0):
+    y = np.repeat(np.arange(k), n_per)
+    centres = rng.normal(size=(k, d))
+    centres *= margin / np.linalg.norm(centres, axis=1, keepdims=True)
+    return centres[y] + noise * rng.normal(size=(y.size, d)) / np.sqrt(d), y
+
+
+def test_linear_probe_reaches_full_accuracy_on_separable_features():
+    rng = np.random.default_rng(0)
+    x_tr, y_tr = _separable(rng)
+    x_te, y_te = _separable(np.random.default_rng(0), n_per=25)  # same centres, new noise below
+    x_te = x_te + 0.05 * rng.normal(size=x_te.shape)
+    res = linear_probe(train_features=x_tr, train_labels=y_tr, test_features=x_te, test_labels=y_te, rng=0)
+    assert res.accuracy.accuracy == 1.0 and res.accuracy.correct == y_te.size
+    assert res.accuracy.ci_low > 0.95
+    assert res.c in res.val_accuracy and res.val_accuracy[res.c] == max(res.val_accuracy.values())
+    assert res.n_train == y_tr.size and res.n_val == 32 and res.n_test == y_te.size
+
+
+def test_linear_probe_is_chance_on_random_labels_and_deterministic():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 8))
+    y = rng.integers(0, 3, size=300)
+    kw = dict(train_features=x[:200], train_labels=y[:200], test_features=x[200:], test_labels=y[200:])
+    a, b = linear_probe(**kw, rng=5), linear_probe(**kw, rng=5)
+    assert a.to_dict() == b.to_dict()
+    assert a.accuracy.ci_low < 1 / 3 + 0.1 and a.accuracy.accuracy < 0.55
+
+
+def test_linear_probe_is_invariant_to_feature_scaling():
+    rng = np.random.default_rng(2)
+    x, y = _separable(rng, margin=1.5, noise=2.0)
+    kw = dict(train_labels=y[::2], test_labels=y[1::2], rng=3, c_grid=(0.01, 1.0))
+    a = linear_probe(train_features=x[::2], test_features=x[1::2], **kw)
+    b = linear_probe(train_features=1e3 * x[::2], test_features=1e3 * x[1::2], **kw)
+    assert a.accuracy.correct == b.accuracy.correct and a.c == b.c
+
+
+def test_stratified_split_keeps_every_class_in_fit_part():
+    y = np.array([0] * 10 + [1] * 5 + [2])
+    fit, val = stratified_split(y, val_fraction=0.4, rng=0)
+    assert np.intersect1d(fit, val).size == 0 and np.union1d(fit, val).size == y.size
+    assert set(y[fit]) == {0, 1, 2} and np.sum(y[val] == 0) == 4 and np.sum(y[val] == 1) == 2
+    assert np.array_equal(stratified_split(y, val_fraction=0.4, rng=0)[1], val)
+
+
+def test_linear_probe_rejects_bad_input():
+    x = np.ones((6, 2))
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        linear_probe(train_features=x, train_labels=np.zeros(6, int), test_features=x, test_labels=np.zeros(6, int))
+    with pytest.raises(ValueError, match="columns"):
+        linear_probe(train_features=x, train_labels=[0, 1] * 3, test_features=np.ones((2, 3)), test_labels=[0, 1])
+    with pytest.raises(ValueError, match="c_grid"):
+        linear_probe(train_features=x, train_labels=[0, 1] * 3, test_features=x, test_labels=[0, 1] * 3,
+                     c_grid=[0.0])
+
+
+# ---------------------------------------------------------------------------------------------- k-NN
+
+
+def _naive_knn(train, labels, query, k, tau, n_classes):
+    """One query at a time, Python loops, written from the definition."""
+    preds = []
+    for q in query:
+        sims = []
+        for i, t in enumerate(train):
+            sims.append((float(np.dot(q, t) / (np.linalg.norm(q) * np.linalg.norm(t))), i))
+        sims.sort(key=lambda s: -s[0])
+        votes = [0.0] * n_classes
+        for s, i in sims[:k]:
+            votes[labels[i]] += math.exp(s / tau)
+        preds.append(max(range(n_classes), key=lambda c: (votes[c], -c)))
+    return np.array(preds)
+
+
+@pytest.mark.parametrize("k,tau,chunk", [(20, 0.07, 7), (1, 0.07, 64), (5, 1.0, 3), (500, 0.5, 16)])
+def test_knn_equals_naive_loop(k, tau, chunk):
+    rng = np.random.default_rng(3)
+    train = rng.normal(size=(120, 6)) + np.repeat(rng.normal(size=(4, 6)), 30, axis=0)
+    labels = np.repeat(np.arange(4), 30)
+    query = rng.normal(size=(40, 6)) * 1.5
+    fast = knn_predict(train_features=train, train_labels=labels, query_features=query, k=k, temperature=tau,
+                       chunk_size=chunk)
+    assert np.array_equal(fast, _naive_knn(train, labels, query, min(k, 120), tau, 4))
+
+
+def test_knn_accuracy_and_scale_invariance():
+    rng = np.random.default_rng(4)
+    x_tr, y_tr = _separable(rng)
+    x_te, y_te = _separable(np.random.default_rng(4), n_per=10)
+    res = knn_classify(train_features=x_tr, train_labels=y_tr, test_features=x_te, test_labels=y_te)
+    assert res.accuracy.accuracy == 1.0 and res.k == 20
+    scaled = knn_classify(train_features=x_tr * 50, train_labels=y_tr, test_features=x_te * 0.01, test_labels=y_te)
+    assert scaled.accuracy.correct == res.accuracy.correct
+
+
+def test_knn_rejects_bad_input():
+    x = np.ones((4, 2))
+    with pytest.raises(ValueError, match="k must be"):
+        knn_predict(train_features=x, train_labels=[0, 1, 0, 1], query_features=x, k=0)
+    with pytest.raises(ValueError, match="temperature"):
+        knn_predict(train_features=x, train_labels=[0, 1, 0, 1], query_features=x, temperature=0.0)
+    with pytest.raises(ValueError, match="train_labels must be a 1-D array of length 4"):
+        knn_predict(train_features=x, train_labels=[0, 1], query_features=x)
+
+
+# ---------------------------------------------------------------------------------------------- suites
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "eval_configs" / "transfer").glob("*.yaml")), ids=lambda p: p.name)
+def test_bundled_suites_validate(path):
+    suite = load_suite(path)
+    assert suite.datasets
+
+
+def test_full_suite_lists_the_six_datasets():
+    names = [d.name for d in load_suite(REPO / "eval_configs" / "transfer" / "full.yaml").datasets]
+    assert names == ["cifar10", "cifar100", "food101", "svhn", "places365", "inat2021"]
+
+
+def test_suite_unknown_key_is_rejected_naming_it(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"datasets": [{"name": "digits", "rot": "/data"}]}))
+    with pytest.raises(ConfigError, match=r"unknown key 'datasets\.0\.rot'.*did you mean 'root'"):
+        load_suite(path)
+    path.write_text(yaml.safe_dump({"datasets": [{"name": "digits"}], "protocols": {"knn": {"kk": 5}}}))
+    with pytest.raises(ConfigError, match=r"unknown key 'protocols\.knn\.kk'"):
+        load_suite(path)
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"datasets": []}, "at least one dataset"),
+    ({"datasets": [{"name": "digits"}, {"name": "digits"}]}, "labels must be unique"),
+    ({"datasets": [{"name": "digits"}], "protocols": {"finetune": {"dp": True}}}, "exactly one of"),
+    ({"datasets": [{"name": "digits"}], "protocols": {"finetune": {"epsilon": 2.0}}}, "dp is false"),
+    ({"datasets": [{"name": "digits"}], "protocols": {"knn": {"k": 0}}}, "protocols.knn.k"),
+    ({"datasets": [{"name": "digits"}], "budget": {"max_test_examples": -1}}, "budget.max_test_examples"),
+])
+def test_suite_rejects_bad_values(data, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_suite(data)
+
+
+def test_suite_is_frozen_and_overrides_apply(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"datasets": [{"name": "digits"}]}))
+    suite = load_suite(path, ["protocols.knn.k=7", "seed=3"])
+    assert suite.protocols.knn.k == 7 and suite.seed == 3
+    with pytest.raises(Exception):
+        suite.seed = 4  # type: ignore[misc]
+    assert isinstance(suite, TransferSuite)
+
+
+# ---------------------------------------------------------------------------------------------- features
+
+
+def test_pool_output_rules():
+    import torch
+
+    from audit.transfer.features import pool_output
+
+    conv = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)
+    assert torch.equal(pool_output(conv), conv.mean(dim=(2, 3)))
+    tokens = torch.randn(2, 5, 4)
+    assert torch.equal(pool_output(tokens, cls=True), tokens[:, 0])
+    assert torch.allclose(pool_output(tokens, prefix_tokens=1), tokens[:, 1:].mean(dim=1))
+    flat = torch.randn(3, 7)
+    assert pool_output(flat) is flat
+    with pytest.raises(ValueError, match="cannot pool"):
+        pool_output(torch.ones(3))
+
+
+def _tiny_model(num_classes=4, size=8, seed=0):
+    from training.config import ModelConfig
+    from training.models import build_model
+
+    return build_model(ModelConfig(arch="small_cnn"), num_classes=num_classes, input_shape=(3, size, size),
+                       seed=seed).module.eval()
+
+
+def test_extract_features_matches_forward_features_and_manual_block_pooling():
+    import torch
+
+    from audit.transfer.features import FINAL_LAYER, block_names, extract_features
+
+    model = _tiny_model()
+    images = np.random.default_rng(0).integers(0, 256, size=(10, 8, 8, 3), dtype=np.uint8)
+    names = block_names(model)
+    assert names == ["net.blocks.0", "net.blocks.1", "net.blocks.2"]
+    feats = extract_features(model, images, layers=[FINAL_LAYER, *names], batch_size=3)
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
+    with torch.no_grad():
+        np.testing.assert_allclose(feats[FINAL_LAYER], model.forward_features(x).numpy(), rtol=1e-5, atol=1e-6)
+        h = model.normalize(x)
+        for name, block in zip(names, model.feature_blocks()):
+            h = block(h)
+            np.testing.assert_allclose(feats[name], h.mean(dim=(2, 3)).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="unknown layer"):
+        extract_features(model, images, layers=["nope"])
+
+
+def test_feature_cache_hits_and_never_serves_stale_features(tmp_path):
+    from audit.transfer.features import FINAL_LAYER, cached_features
+
+    model = _tiny_model()
+    images = np.random.default_rng(1).integers(0, 256, size=(6, 8, 8, 3), dtype=np.uint8)
+    kw = dict(layers=[FINAL_LAYER, "net.blocks.1"], image_size=8, cache_dir=tmp_path)
+    first, hits = cached_features(model, images, model_id="m1", data_fingerprint="d1", **kw)
+    assert not any(hits.values()) and len(list(tmp_path.glob("*.npz"))) == 2
+    again, hits = cached_features(model, images, model_id="m1", data_fingerprint="d1", **kw)
+    assert all(hits.values()) and np.array_equal(again[FINAL_LAYER], first[FINAL_LAYER])
+    other = _tiny_model(seed=1)  # another checkpoint: another key, recomputed
+    moved, hits = cached_features(other, images, model_id="m2", data_fingerprint="d1", **kw)
+    assert not any(hits.values()) and not np.allclose(moved[FINAL_LAYER], first[FINAL_LAYER])
+    for f in tmp_path.glob("*.npz"):  # corrupt files are recomputed, not trusted
+        f.write_bytes(b"garbage")
+    fixed, hits = cached_features(model, images, model_id="m1", data_fingerprint="d1", **kw)
+    assert not any(hits.values()) and np.allclose(fixed[FINAL_LAYER], first[FINAL_LAYER])
+
+
+# ---------------------------------------------------------------------------------------------- runner
+
+
+def _write_run(run_dir: Path, *, num_classes=4, size=8, seed=0) -> Path:
+    """A run directory by hand: weights + manifest, as `audit train` / `audit import` would write them."""
+    from datetime import datetime, timezone
+
+    from training.io import fingerprint_arrays, save_safetensors, sha256_file, write_npy
+    from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PrivacyInfo, Provenance,
+                                   write_manifest)
+
+    model = _tiny_model(num_classes=num_classes, size=size, seed=seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_safetensors(run_dir / "model.safetensors", model.state_dict())
+    write_npy(run_dir / "membership.npy", np.ones(4, dtype=bool))
+    n_params = sum(p.numel() for p in model.parameters())
+    manifest = Manifest(
+        run_name="tiny",
+        model=ModelInfo(arch="small_cnn", num_classes=num_classes, input_shape=(3, size, size), param_count=n_params,
+                        trainable_param_count=n_params, weights_sha256=sha256_file(run_dir / "model.safetensors")),
+        data=DataInfo(dataset="synthetic", split="train", pool_size=4,
+                      pool_fingerprint=fingerprint_arrays(np.zeros(4)),
+                      membership_sha256=sha256_file(run_dir / "membership.npy"),
+                      membership=MembershipInfo(scheme="all", n_members=4, n_pool=4)),
+        privacy=PrivacyInfo(dp=False),
+        provenance=Provenance(package_version="test", created=datetime.now(timezone.utc).isoformat()))
+    write_manifest(run_dir, manifest)
+    return run_dir
+
+
+def _write_npz_dataset(root: Path, *, n_train=60, n_test=30, classes=3, size=8, seed=0) -> Path:
+    """Class-coloured noisy images: class c is bright in channel c, so any features separate them."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("test", n_test)):
+        y = np.arange(n) % classes
+        x = rng.normal(70, 25, size=(n, size, size, 3))
+        x[np.arange(n), :, :, y % 3] += 120
+        np.savez(root / f"{split}.npz", x=np.clip(x, 0, 255).astype(np.uint8), y=y.astype(np.int64))
+    (root / "classes.txt").write_text("\n".join(f"c{i}" for i in range(classes)) + "\n")
+    return root
+
+
+def _suite(**kw):
+    base = {"name": "t", "device": "cpu", "batch_size": 16,
+            "protocols": {"linear_probe": {"c_grid": [0.1, 10.0]}, "diagnostics": {"max_examples": 40},
+                          "finetune": {"enabled": False}}}
+    base.update(kw)
+    return parse_suite(base)
+
+
+def test_runner_reports_missing_dataset_as_a_row_and_evaluates_the_rest(tmp_path):
+    from audit.transfer.runner import evaluate_transfer
+    from training.io import read_json
+
+    run = _write_run(tmp_path / "run")
+    data_root = _write_npz_dataset(tmp_path / "colours")
+    suite = _suite(datasets=[{"name": "npz", "label": "colours", "root": str(data_root)},
+                             {"name": "svhn", "root": str(tmp_path / "absent")}])
+    result = evaluate_transfer(run_dir=run, suite=suite)
+    assert result.path == run / "transfer.json"
+    written = read_json(result.path)
+    assert [r["dataset"] for r in written["datasets"]] == ["colours", "svhn"]
+    missing = result.row("svhn")
+    assert missing["status"] == "missing" and missing["reason"].startswith("missing:")
+    assert str(tmp_path / "absent") in missing["reason"]
+    ok = result.row("colours")
+    assert ok["status"] == "ok" and ok["train"]["n"] == 60 and ok["test"]["n"] == 30
+    assert ok["linear_probe"]["accuracy"]["accuracy"] > 0.9 and ok["knn"]["accuracy"]["accuracy"] > 0.9
+    diag = ok["diagnostics"]
+    assert diag["n_examples"] == 40 and [r["layer"] for r in diag["layers"]] == [
+        "net.blocks.0", "net.blocks.1", "net.blocks.2"]
+    assert diag["decay"]["n_layers"] == 3 and diag["decay"]["rho"] > 0
+    assert written["model"]["arch"] == "small_cnn" and written["image_size"] == 8
+
+
+def test_runner_is_deterministic_and_uses_the_cache(tmp_path):
+    from audit.transfer.runner import evaluate_transfer
+
+    run = _write_run(tmp_path / "run")
+    root = _write_npz_dataset(tmp_path / "d", seed=3)
+    suite = _suite(datasets=[{"name": "npz", "root": str(root)}], budget={"max_train_examples": 45,
+                                                                          "max_test_examples": 21})
+    first = evaluate_transfer(run_dir=run, suite=suite, out_path=tmp_path / "a.json").row("npz")
+    assert first["features_cached"] is False and first["train"]["n"] == 45 and first["test"]["n"] == 21
+    assert len(list((run / "features").glob("*.npz"))) == 5  # train + test final, 3 blocks
+    second = evaluate_transfer(run_dir=run, suite=suite, out_path=tmp_path / "b.json").row("npz")
+    assert second["features_cached"] is True
+    for key in ("linear_probe", "knn", "diagnostics"):
+        assert second[key] == first[key]
+
+
+def test_runner_refuses_tampered_weights(tmp_path):
+    from audit.transfer.runner import evaluate_transfer
+    from training.errors import CheckpointError
+
+    run = _write_run(tmp_path / "run")
+    with open(run / "model.safetensors", "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(CheckpointError, match="does not match"):
+        evaluate_transfer(run_dir=run, suite=_suite(datasets=[{"name": "digits"}]))
+
+
+def test_cli_transfer_prints_table_and_maps_user_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from audit.cli import main
+
+    run = _write_run(tmp_path / "run")
+    suite_path = tmp_path / "suite.yaml"
+    suite_path.write_text(yaml.safe_dump({
+        "name": "cli", "device": "cpu",
+        "datasets": [{"name": "npz", "root": str(_write_npz_dataset(tmp_path / "d"))},
+                     {"name": "food101", "root": str(tmp_path / "nowhere")}],
+        "protocols": {"linear_probe": {"c_grid": [1.0]}, "diagnostics": {"enabled": False}}}))
+    res = CliRunner().invoke(main, ["transfer", str(run), "--suite", str(suite_path), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "npz" in res.output and "missing" in res.output and (run / "transfer.json").is_file()
+    bad = CliRunner().invoke(main, ["transfer", str(run), "--suite", str(suite_path), "--set", "protocols.knn.kk=1"])
+    assert bad.exit_code == 2 and "unknown key 'protocols.knn.kk'" in bad.output
+
+
+@pytest.mark.skipif(not (SHARED / "data" / "svhn").is_dir(), reason="../shared/data (offline real data) is absent")
+def test_runner_on_shared_real_data(tmp_path):
+    from audit.transfer.runner import evaluate_transfer
+
+    run = _write_run(tmp_path / "run", num_classes=10, size=32)
+    suite = load_suite(REPO / "eval_configs" / "transfer" / "cifar_suite.yaml", [
+        "budget.max_train_examples=200", "budget.max_test_examples=100", "device=cpu",
+        "protocols.diagnostics.max_examples=100", "protocols.linear_probe.c_grid=[1.0]"])
+    suite = suite.model_copy(update={"datasets": tuple(
+        d.model_copy(update={"root": str((REPO / d.root).resolve())}) for d in suite.datasets
+        if d.key in ("svhn", "cifar10_exact"))})
+    result = evaluate_transfer(run_dir=run, suite=suite)
+    for key in ("svhn", "cifar10_exact"):
+        row = result.row(key)
+        assert row["status"] == "ok" and row["train"]["n"] == 200 and row["test"]["n"] == 100
+        assert 0.0 <= row["linear_probe"]["accuracy"]["accuracy"] <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------- fine-tuning
+
+
+def _colour_sets(tmp_path, **kw):
+    from training.data import load_dataset
+
+    root = _write_npz_dataset(tmp_path / "ft", **kw)
+    return load_dataset("npz", root=root, split="train"), load_dataset("npz", root=root, split="test")
+
+
+def test_finetune_non_dp_learns_new_classes_and_leaves_checkpoint_untouched(tmp_path):
+    import torch
+
+    from audit.transfer.finetune import finetune_evaluate
+    from audit.transfer.suite import FinetuneProtocol
+
+    train, test = _colour_sets(tmp_path, n_train=90, n_test=45)
+    model = _tiny_model(num_classes=7)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = finetune_evaluate(model, train, test, protocol=FinetuneProtocol(enabled=True, steps=15, batch_size=30,
+                                                                          lr=0.05), seed=0)
+    assert res.accuracy.accuracy > 0.9 and res.accuracy.total == 45
+    assert res.dp is False and res.epsilon is None and res.noise_multiplier is None
+    assert model.num_classes == 7 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    again = finetune_evaluate(model, train, test, protocol=FinetuneProtocol(enabled=True, steps=15, batch_size=30,
+                                                                            lr=0.05), seed=0)
+    assert again.accuracy == res.accuracy and again.final_loss == res.final_loss
+
+
+def test_finetune_dp_noise_is_applied_and_accounted(tmp_path):
+    from audit.transfer.finetune import finetune_evaluate
+    from audit.transfer.suite import FinetuneProtocol
+    from training.accounting import DPPhase, epsilon_for
+
+    train, test = _colour_sets(tmp_path, n_train=90, n_test=45)
+    model = _tiny_model(num_classes=3)
+    kw = dict(enabled=True, dp=True, steps=8, batch_size=30, lr=2.0, momentum=0.0, train_backbone=False,
+              accountant="rdp", delta=1e-3)
+    quiet = finetune_evaluate(model, train, test, protocol=FinetuneProtocol(noise_multiplier=0.3, **kw), seed=1)
+    loud = finetune_evaluate(model, train, test, protocol=FinetuneProtocol(noise_multiplier=300.0, **kw), seed=1)
+    assert quiet.trainable_params == 64 * 3 + 3  # only the new head under train_backbone: false
+    assert quiet.epsilon == pytest.approx(epsilon_for(phases=[DPPhase(0.3, 30 / 90, 8)], delta=1e-3,
+                                                      accountant="rdp"))
+    assert loud.epsilon < 0.1 < quiet.epsilon
+    assert quiet.accuracy.accuracy > 0.8 and loud.accuracy.accuracy < 0.7
+
+
+def test_runner_runs_finetune_protocol(tmp_path):
+    from audit.transfer.runner import evaluate_transfer
+
+    run = _write_run(tmp_path / "run")
+    root = _write_npz_dataset(tmp_path / "d")
+    suite = _suite(datasets=[{"name": "npz", "root": str(root)}],
+                   protocols={"linear_probe": {"enabled": False}, "knn": {"enabled": False},
+                              "diagnostics": {"enabled": False},
+                              "finetune": {"enabled": True, "steps": 10, "batch_size": 20, "lr": 0.05}})
+    row = evaluate_transfer(run_dir=run, suite=suite).row("npz")
+    assert "linear_probe" not in row and "knn" not in row and "diagnostics" not in row
+    assert row["finetune"]["accuracy"]["accuracy"] > 0.9 and row["finetune"]["dp"] is False
+
+
+def test_suite_rejects_unknown_dataset_or_split_at_load_time():
+    with pytest.raises(ConfigError, match=r"datasets\.0: unknown dataset 'cifar11'.*did you mean 'cifar10'"):
+        parse_suite({"datasets": [{"name": "cifar11"}]})
+    with pytest.raises(ConfigError, match=r"datasets\.0: places365: unknown split 'tst'"):
+        parse_suite({"datasets": [{"name": "places365", "test_split": "tst"}]})
