@@ -149,7 +149,11 @@ class ContinualConfig(Strict):
     plateau_min_delta: float = Field(1e-3, ge=0.0)
     eval_every: int = Field(20, gt=0, description="public-validation / decelerator check interval")
     decelerator_threshold: float = Field(1.0, gt=0.0)
-    public_lr: float | None = None
+    public_lr: float | None = Field(None, gt=0.0, description="learning rate of the public phase (None: optim.lr)")
+    public_batch_size: int | None = Field(None, gt=0, description="public phase batch size (None: training.batch_size)")
+    count_public_steps: bool = Field(
+        False, description="training.steps counts public + private steps (the private phase gets what the public "
+        "phase left, sigma calibrated for those); false: training.steps is the private phase's length")
     optimizer_state: Literal["keep", "reset_first", "reset_both"] = "keep"
 
 
@@ -161,7 +165,9 @@ class FinetuneConfig(Strict):
     split_by: Literal["epsilon", "steps"] = "steps"
     lp_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="share of the budget given to LP")
     head_init: Literal["zero", "random", "keep"] = "zero"
-    lp_lr: float | None = None
+    lp_lr: float | None = Field(None, gt=0.0, description="learning rate of the LP phase (None: optim.lr)")
+    lp_steps_fraction: float | None = Field(
+        None, gt=0.0, lt=1.0, description="split_by epsilon: LP's share of the steps (None: lp_fraction)")
 
 
 class TrainingConfig(Strict):
@@ -267,19 +273,29 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
     return out
 
 
+def _unwrap_model(annotation: Any) -> Any:
+    """The BaseModel class inside ``X``, ``X | None``, ``list[X]``, ``tuple[X, ...]`` or ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _unwrap_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The config class that owns the last element of ``loc`` (for listing valid keys)."""
     current: Any = model
     for part in loc[:-1]:
+        if isinstance(part, int):  # a list item: the owner is the list's element type, already unwrapped
+            continue
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
             return None
         field = current.model_fields.get(str(part))
         if field is None:
             return None
-        current = field.annotation
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            args = getattr(current, "__args__", ())
-            current = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        current = _unwrap_model(field.annotation)
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
@@ -287,7 +303,7 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], source
     """One line naming the first problem: the dotted key, what is allowed, and what was received."""
     msgs = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not isinstance(p, int) or True)
+        loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
             owner = _model_at(model, loc)

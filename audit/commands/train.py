@@ -1,9 +1,39 @@
-"""`audit train` (being written)."""
+"""`audit train CONFIG`: train one model (DP or not) and write its run directory."""
+
+from __future__ import annotations
+
+import shlex
+import sys
 
 import click
 
+from audit.config import load_run_config, select_variant
+
 
 @click.command(name="train")
-def command() -> None:
-    """Not available yet."""
-    raise click.ClickException("audit train is not available yet")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a config value, e.g. --set privacy.target_epsilon=4 (repeatable)")
+@click.option("--variant", default=None, help="train this variant of a config that defines several")
+@click.option("--resume", is_flag=True, help="continue an interrupted run from its last saved state")
+@click.option("--overwrite", is_flag=True, help="delete an existing run directory with the same name first")
+@click.option("--download", is_flag=True, help="let torchvision download the dataset (needs internet)")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+def command(config: str, overrides: tuple[str, ...], variant: str | None, resume: bool, overwrite: bool,
+            download: bool, no_progress: bool) -> None:
+    """Train the model described by CONFIG and write results/<name>/ (weights, manifest, membership, metrics)."""
+    from training.trainer import train
+
+    extra = list(overrides) + (["data.download=true"] if download else [])
+    run_cfg = load_run_config(config, extra)
+    cfg = select_variant(run_cfg, variant).train_config()
+    result = train(cfg, resume=resume, overwrite=overwrite, progress=False if no_progress else None,
+                   command=shlex.join(["audit", *sys.argv[1:]]))
+    m, p = result.metrics, result.manifest.privacy
+    status = "already complete" if result.already_complete else (
+        f"resumed at step {result.resumed_from}" if result.resumed_from else "done")
+    eps = f"epsilon={p.epsilon:.3f} (delta={p.delta:.1e}, {p.accountant}; PLD {p.epsilon_cross_check['epsilon']:.3f})" \
+        if p.dp else "no DP (epsilon = inf)"
+    acc = m.get("test_accuracy")
+    click.echo(f"{status}: {result.run_dir}  {eps}  test accuracy "
+               f"{'n/a' if acc is None else f'{acc:.4f}'}")

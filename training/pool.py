@@ -1,0 +1,99 @@
+"""The training pool, its membership mask and input canaries: everything an auditor must be able to rebuild.
+
+The pool is a deterministic function of the config (dataset, split, pool subset, image size, canaries), so a
+reference model or an auditor on another machine can rebuild it from ``config.yaml`` and check it against the
+manifest's fingerprint. Members are drawn by independent Bernoulli(p) trials with a recorded seed when
+``data.audit_split`` is on (what LiRA-style attacks and the one-run audit need) or are the whole pool otherwise.
+
+>>> mask = draw_membership(10, p=0.5, seed=3)
+>>> bool((mask == draw_membership(10, p=0.5, seed=3)).all()), mask.dtype
+(True, dtype('bool'))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from training.config import CanaryConfig, TrainConfig
+from training.data import ImageSet, load_pool, load_test
+from training.errors import DataError
+
+__all__ = ["Pool", "build_pool", "draw_membership", "make_canaries"]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The training pool (real examples followed by canaries) and the test set.
+
+    Attributes:
+        images: the pool; indices ``[n_real, n_real + n_canaries)`` are input canaries.
+        test: the test set (canary sources removed), or None.
+        n_real: number of real pool examples.
+        canaries: manifest description of the canaries, or None.
+    """
+
+    images: ImageSet
+    test: ImageSet | None
+    n_real: int
+    canaries: dict | None
+
+    @property
+    def n_canaries(self) -> int:
+        return len(self.images) - self.n_real
+
+
+def draw_membership(n: int, *, p: float, seed: int) -> np.ndarray:
+    """Independent Bernoulli(p) membership for ``n`` pool examples, reproducible from ``seed``."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"membership probability p must be in (0, 1), got {p}")
+    rng = np.random.default_rng([int(seed), 0x4D454D42])  # "MEMB": its own stream, apart from other seeds
+    return rng.random(n) < p
+
+
+def make_canaries(cfg: CanaryConfig, *, pool: ImageSet, test: ImageSet | None
+                  ) -> tuple[np.ndarray, np.ndarray, ImageSet | None, dict]:
+    """Input canaries (Jagielski et al. 2020; Steinke et al. 2023): examples that are easy to memorise.
+
+    ``mislabel``: held-out test images with a label drawn uniformly among the wrong classes (the sources are
+    removed from the test set). ``ood``: uniform-noise images with random labels.
+
+    Returns:
+        (x, y, test_without_sources, description)
+    """
+    rng = np.random.default_rng([int(cfg.seed), 0x43414E41])
+    m = cfg.count
+    n_classes = len(pool.classes)
+    h, w = pool.x.shape[1:3]
+    if cfg.kind == "mislabel":
+        if test is None or len(test) < m:
+            raise DataError(
+                f"training.canaries: 'mislabel' canaries need {m} held-out test images but the test split has "
+                f"{0 if test is None else len(test)}; lower canaries.count or use kind: ood")
+        src = np.sort(rng.choice(len(test), size=m, replace=False))
+        x = test.x[src]
+        shift = rng.integers(1, n_classes, size=m)
+        y = (test.y[src] + shift) % n_classes
+        keep = np.setdiff1d(np.arange(len(test)), src)
+        test = test.subset(keep)
+        desc_src = {"source": f"{test.split} split (removed from test set)", "source_indices": src.tolist()}
+    else:
+        x = rng.integers(0, 256, size=(m, h, w, 3), dtype=np.uint8)
+        y = rng.integers(0, n_classes, size=m)
+        desc_src = {"source": "uniform noise images"}
+    desc = {"kind": cfg.kind, "count": m, "seed": cfg.seed, **desc_src}
+    return x.astype(np.uint8), y.astype(np.int64), test, desc
+
+
+def build_pool(cfg: TrainConfig) -> Pool:
+    """Load the pool and test set described by ``cfg`` and append input canaries (if any)."""
+    images = load_pool(cfg.data)
+    test = load_test(cfg.data) if cfg.data.test_split else None
+    n_real = len(images)
+    canaries = None
+    if cfg.training.canaries.count > 0:
+        cx, cy, test, desc = make_canaries(cfg.training.canaries, pool=images, test=test)
+        images = replace(images, x=np.concatenate([images.x, cx]), y=np.concatenate([images.y, cy]))
+        canaries = {**desc, "first_index": n_real, "inclusion": "bernoulli(1/2) via the membership mask"}
+    return Pool(images=images, test=test, n_real=n_real, canaries=canaries)

@@ -1,0 +1,59 @@
+"""Training curves (TensorBoard) and the terminal progress bar."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TrainLogger"]
+
+
+class TrainLogger:
+    """Writes scalars to TensorBoard and drives a rich progress bar; returns history rows every ``log`` call.
+
+    Scalars: loss, lr, batch size, epsilon spent (RDP, for the curve; the claim uses the configured accountant),
+    fraction of clipped per-sample gradients, mean per-sample gradient norm, noise std.
+    """
+
+    def __init__(self, tb_dir: Path, *, total: int, start: int = 0, show: bool = True, dp: bool = True) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        self._writer = SummaryWriter(log_dir=str(tb_dir))
+        self._dp = dp
+        self._progress = None
+        if show:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                      TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=total, completed=start, info="")
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if value is not None and math.isfinite(value):
+            self._writer.add_scalar(tag, value, step)
+
+    def log(self, step: int, stats: Any, *, epsilon: float | None) -> dict[str, Any]:
+        row = {"step": step, "loss": float(stats.loss), "lr": float(stats.lr), "batch_size": int(stats.batch_size)}
+        if self._dp:
+            row.update(clipped_fraction=float(stats.clipped_fraction), grad_norm_mean=float(stats.grad_norm_mean),
+                       noise_std=float(stats.noise_std))
+        if epsilon is not None:
+            row["epsilon_spent"] = float(epsilon)
+        for k, v in row.items():
+            if k != "step":
+                self.scalar(f"train/{k}", v, step)
+        if self._progress is not None:
+            info = f"loss {row['loss']:.3f}" + (f"  eps {epsilon:.2f}" if epsilon is not None else "")
+            self._progress.update(self._task, completed=step, info=info)
+        return row
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        self._writer.flush()
+        self._writer.close()
