@@ -1,0 +1,187 @@
+"""The training step: one logical (Poisson or shuffled) batch, split into physical chunks, DP or not.
+
+DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016) with Opacus underneath:
+
+1. per-sample gradients of every physical chunk (``GradSampleModule``: ``hooks`` or ``functorch``; or
+   ghost clipping, ``GradSampleModuleFastGradientClipping``, which never materialises them);
+2. clipping (flat, per-layer or automatic, see :mod:`training.dp.clipping`) and accumulation of the
+   clipped sum over all chunks of the logical batch;
+3. once per logical step: the sampled white-box gradient canaries (C·u_i each) join the sum, Gaussian
+   noise N(0, σ²C²) is added, the result is divided by the *expected* batch size, and the wrapped
+   optimizer (SGD, Adam, AdamW) updates the parameters. An empty Poisson batch still takes this
+   noise-only step, as DP-SGD's analysis requires.
+
+The noise comes from the caller's ``torch.Generator`` (its state is part of :meth:`Stepper.state_dict`),
+the learning rate is a pure function of the step (:func:`training.dp.schedules.lr_at`), so a run resumed
+from ``state_dict`` and the model weights continues bit-for-bit like the uninterrupted run on the same device.
+Without DP, the step minimises the mean loss over the realised batch.
+
+Evaluate the model with ``stepper.base_model`` under ``torch.no_grad()`` (Opacus's hooks record
+activations in training mode with gradients enabled).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from training.config import OptimConfig, PrivacyConfig
+from training.dp.canaries import GradientCanaries
+from training.dp.clipping import (
+    AutomaticDPOptimizer,
+    FlatDPOptimizer,
+    GhostDPOptimizer,
+    PerLayerDPOptimizer,
+    per_layer_norms,
+)
+from training.dp.stepper import LossFn, StepStats, Stepper, _Criterion, cross_entropy_per_example
+from training.errors import ConfigError
+
+__all__ = ["StepStats", "Stepper", "make_stepper", "build_optimizer", "cross_entropy_per_example"]
+
+
+def build_optimizer(params: list[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    """The torch optimizer named by ``optim.name`` (sgd with momentum, adam, adamw) over ``params``."""
+    if optim.name == "sgd":
+        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    if optim.name == "adam":
+        return torch.optim.Adam(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    if optim.name == "adamw":
+        return torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    raise ConfigError(f"optim.name must be sgd, adam or adamw, got {optim.name!r}")
+
+
+def _dp_incompatible_layers(model: nn.Module) -> tuple[list[nn.Module], list[str]]:
+    """(frozen batch-norm layers to keep in eval mode, problems that forbid DP training)."""
+    frozen, problems = [], []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            if any(p.requires_grad for p in m.parameters(recurse=False)):
+                problems.append(f"trainable BatchNorm '{name}'")
+            else:
+                frozen.append(m)
+    if not problems:
+        from opacus.validators import ModuleValidator
+
+        for err in ModuleValidator.validate(model, strict=False):
+            problems.append(str(err).split(". ")[0])
+    return frozen, problems
+
+
+def make_stepper(*, model: nn.Module, privacy: PrivacyConfig, optim: OptimConfig, sample_rate: float,
+                 expected_batch_size: float, total_steps: int, noise_multiplier: float | None,
+                 physical_batch_size: int, generator: torch.Generator | None, device: torch.device | str,
+                 gradient_canaries: GradientCanaries | None = None, loss_fn: LossFn | None = None,
+                 input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 _debug_disable_noise: bool = False) -> Stepper:
+    """Build the :class:`Stepper` for one training phase.
+
+    Args:
+        model: the model (moved to ``device``); its trainable parameters are those with ``requires_grad``.
+        privacy: DP settings (``enabled``, ``max_grad_norm`` C, ``clipping``, ``auto_gamma``,
+            ``grad_sample_mode``, ``secure_mode``). σ itself comes from ``noise_multiplier``. ``secure_mode``
+            selects Opacus's noise sampling that resists floating-point attacks (arXiv:2107.10138); the noise is
+            still drawn from ``generator``, so for cryptographic randomness seed it from ``os.urandom``.
+        optim: optimizer and learning-rate schedule.
+        sample_rate: q, the per-example sampling probability (also used to sample gradient canaries).
+        expected_batch_size: the DP-SGD denominator (q·n for Poisson, the batch size for shuffling); > 0.
+        total_steps: steps of this phase (the LR schedule's span); ≥ 1.
+        noise_multiplier: σ ≥ 0 computed by the caller's accountant; required when privacy is enabled.
+        physical_batch_size: largest chunk run through the model at once; ≥ 1.
+        generator: source of the Gaussian noise, on ``device``'s type (CPU generator for CPU, CUDA for
+            CUDA); required when privacy is enabled. Its state is saved in :meth:`Stepper.state_dict`.
+        device: where the model and the chunks live.
+        gradient_canaries: white-box canaries over the model's trainable parameters (see
+            :mod:`training.dp.canaries`), or None.
+        loss_fn: ``(logits, targets) -> per-example losses (n,)``; default cross-entropy.
+        input_transform: applied to every physical chunk of inputs after it moved to ``device``.
+        _debug_disable_noise: TEST ONLY, never for real runs: skip the Gaussian noise while everything else
+            (clipping, canaries, scaling, accounting by the caller) is unchanged. It deliberately breaks DP
+            so tests can prove the audits catch a broken implementation.
+
+    Returns:
+        A ready :class:`Stepper`.
+
+    Raises:
+        ConfigError: for an impossible combination (ghost clipping with a non-flat style, a model with
+            trainable BatchNorm under DP, no trainable parameters, canaries that do not match the model).
+        ValueError: for out-of-range numbers (the message names the parameter).
+    """
+    device = torch.device(device)
+    if isinstance(total_steps, bool) or not (isinstance(total_steps, numbers.Integral) and total_steps >= 1):
+        raise ValueError(f"total_steps must be an integer >= 1, got {total_steps!r}")
+    if isinstance(physical_batch_size, bool) or not (
+            isinstance(physical_batch_size, numbers.Integral) and physical_batch_size >= 1):
+        raise ValueError(f"physical_batch_size must be an integer >= 1, got {physical_batch_size!r}")
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
+        raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size!r}")
+    model = model.to(device)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ConfigError("the model has no trainable parameters (check model.freeze patterns)")
+    if gradient_canaries is not None:
+        expected = [(n, tuple(p.shape)) for n, p in named]
+        if list(gradient_canaries.param_shapes.items()) != expected:
+            raise ConfigError("gradient canaries were built for other parameters than the model's trainable ones; "
+                              "build them with GradientCanaries.for_model(model, ...) after freezing")
+    base_opt = build_optimizer([p for _, p in named], optim)
+    loss_fn = loss_fn or cross_entropy_per_example
+    common = dict(optim=optim, total_steps=int(total_steps), physical_batch_size=int(physical_batch_size),
+                  device=device, loss_fn=loss_fn, input_transform=input_transform, canaries=gradient_canaries,
+                  sample_rate=float(sample_rate), expected_batch_size=float(expected_batch_size),
+                  max_grad_norm=float(privacy.max_grad_norm))
+    if not privacy.enabled:
+        if _debug_disable_noise:
+            raise ValueError("_debug_disable_noise only applies to DP training (privacy.enabled)")
+        return Stepper(module=model, base_model=model, optimizer=base_opt, dp_optimizer=None, ghost_loss=None,
+                       generator=generator, noise_multiplier=None, frozen_norm_layers=[], **common)
+
+    if noise_multiplier is None or not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ValueError("noise_multiplier must be a finite number >= 0 when privacy is enabled, "
+                         f"got {noise_multiplier!r}")
+    if generator is None:
+        raise ValueError("a torch.Generator for the noise is required when privacy is enabled")
+    if generator.device.type != device.type:
+        raise ValueError(f"the noise generator lives on {generator.device.type} but the model on {device.type}; "
+                         f"create it with torch.Generator(device='{device.type}')")
+    frozen_bn, problems = _dp_incompatible_layers(model)
+    if problems:
+        raise ConfigError(f"the model cannot be trained with DP: {'; '.join(problems[:3])}; replace BatchNorm by "
+                          "GroupNorm (model.fix_batchnorm: true) or freeze those layers")
+    C = float(privacy.max_grad_norm)
+    dp_kwargs = dict(noise_multiplier=float(noise_multiplier), expected_batch_size=float(expected_batch_size),
+                     loss_reduction="mean", generator=generator, secure_mode=privacy.secure_mode)
+    ghost_loss = None
+    if privacy.grad_sample_mode == "ghost":
+        if privacy.clipping != "flat":
+            raise ConfigError(f"ghost clipping supports privacy.clipping: flat only, got {privacy.clipping!r}; "
+                              "use privacy.grad_sample_mode: hooks for per_layer or automatic clipping")
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+        module = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean",
+                                                      max_grad_norm=C, use_ghost_clipping=True)
+        dp_opt = GhostDPOptimizer(base_opt, max_grad_norm=C, **dp_kwargs)
+        ghost_loss = DPLossFastGradientClipping(module, dp_opt, _Criterion(loss_fn), loss_reduction="mean")
+    else:
+        from opacus.grad_sample import GradSampleModule
+
+        module = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=True,
+                                  force_functorch=privacy.grad_sample_mode == "functorch")
+        if privacy.clipping == "flat":
+            dp_opt = FlatDPOptimizer(base_opt, max_grad_norm=C, **dp_kwargs)
+        elif privacy.clipping == "per_layer":
+            dp_opt = PerLayerDPOptimizer(base_opt, max_grad_norm=per_layer_norms(C, len(named)), **dp_kwargs)
+        else:
+            dp_opt = AutomaticDPOptimizer(base_opt, max_grad_norm=C, gamma=privacy.auto_gamma, **dp_kwargs)
+    dp_opt.debug_disable_noise = bool(_debug_disable_noise)
+    dp_opt.reset_stats()
+    return Stepper(module=module, base_model=model, optimizer=base_opt, dp_optimizer=dp_opt, ghost_loss=ghost_loss,
+                   generator=generator, noise_multiplier=float(noise_multiplier), frozen_norm_layers=frozen_bn,
+                   **common)
