@@ -8,6 +8,8 @@ uninterrupted run on the same device.
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -197,6 +199,12 @@ class Stepper:
         return self.canaries.gradient(idx, scale=scale, device=self.device, dtype=self._params[0].dtype)
 
     def _dp_step(self, x: torch.Tensor, y: torch.Tensor, lr: float, canary_idx: np.ndarray) -> StepStats:
+        with warnings.catch_warnings():
+            # Opacus's hooks fire on the first layer although the input needs no gradient: expected, harmless
+            warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+            return self._dp_step_inner(x, y, lr, canary_idx)
+
+    def _dp_step_inner(self, x: torch.Tensor, y: torch.Tensor, lr: float, canary_idx: np.ndarray) -> StepStats:
         opt = self.dp_optimizer
         self._forget_stale_activations()
         opt.reset_sum()

@@ -1,0 +1,178 @@
+"""`audit run CONFIG`: train -> attack -> epsilon -> transfer -> report for every variant, resumable.
+
+Every step reads and writes files in the run directory and is skipped when its outputs are complete and match
+their inputs: training by its manifest and config hash (an interrupted training resumes from its saved state),
+attacks and epsilon by the input hashes recorded in ``attack.json``/``epsilon.json``, transfer and the report by
+the hashes kept in ``pipeline.json``. So an interrupted pipeline, run again, redoes only what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from audit.config import RunConfig, select_variant, variant_names
+from training.io import read_json, sha256_file, write_json
+
+__all__ = ["STEPS", "StepRecord", "VariantResult", "run_pipeline"]
+
+STEPS = ("train", "attack", "epsilon", "transfer", "report")
+Log = Callable[[str], None]
+
+
+@dataclass
+class StepRecord:
+    step: str
+    status: str  # "ran", "skipped (complete)", "not configured"
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class VariantResult:
+    variant: str | None
+    run_dir: Path
+    steps: list[StepRecord] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _files_key(*paths: Path, extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for p in paths:
+        h.update(p.name.encode())
+        h.update((sha256_file(p) if p.is_file() else "absent").encode())
+    return h.hexdigest()
+
+
+def _ledger(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "pipeline.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = read_json(path, what="pipeline ledger")
+    except Exception:  # an unreadable ledger only means the steps it covers are redone
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _mark(run_dir: Path, step: str, key: str) -> None:
+    data = _ledger(run_dir)
+    data[step] = {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_json(run_dir / "pipeline.json", data)
+
+
+def _timed(records: list[StepRecord], step: str, fn: Callable[[], str]) -> None:
+    t0 = time.perf_counter()
+    detail = fn()
+    records.append(StepRecord(step, "ran", time.perf_counter() - t0, detail or ""))
+
+
+def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool, progress: bool,
+                 command: str | None, log: Log) -> VariantResult:
+    from training.trainer import train
+
+    run_dir = cfg.run_dir()
+    res = VariantResult(cfg.variant, run_dir)
+    label = cfg.name
+
+    if "train" in steps:
+        t0 = time.perf_counter()
+        tr = train(cfg.train_config(), resume=True, progress=progress, command=command)
+        status = "skipped (complete)" if tr.already_complete else "ran"
+        detail = f"resumed at step {tr.resumed_from}" if tr.resumed_from else ""
+        res.steps.append(StepRecord("train", status, time.perf_counter() - t0, detail))
+        log(f"[{label}] train: {status} {detail}".rstrip())
+
+    if "attack" in steps and cfg.attack.attacks:
+        from attacks.runner import attack_is_complete, run_attack
+
+        if attack_is_complete(run_dir, cfg.attack) and not retrain_shadows:
+            res.steps.append(StepRecord("attack", "skipped (complete)"))
+        else:
+            _timed(res.steps, "attack", lambda: str(run_attack(run_dir=run_dir, config=cfg.attack,
+                                                               retrain_shadows=retrain_shadows,
+                                                               progress=progress) and ""))
+        log(f"[{label}] attack: {res.steps[-1].status}")
+
+    if "epsilon" in steps and cfg.epsilon.sources:
+        from audit.epsilon.runner import epsilon_is_complete, run_epsilon
+
+        if epsilon_is_complete(run_dir, cfg.epsilon):
+            res.steps.append(StepRecord("epsilon", "skipped (complete)"))
+        else:
+            _timed(res.steps, "epsilon", lambda: str(run_epsilon(run_dir=run_dir, config=cfg.epsilon) and ""))
+        log(f"[{label}] epsilon: {res.steps[-1].status}")
+
+    if "transfer" in steps:
+        if cfg.transfer.suite is None:
+            res.steps.append(StepRecord("transfer", "not configured", detail="set transfer.suite to run it"))
+        else:
+            from audit.transfer.runner import evaluate_transfer
+            from audit.transfer.suite import load_suite
+
+            suite_path = Path(cfg.transfer.suite)
+            key = _files_key(run_dir / "model.safetensors", suite_path, run_dir / "transfer.json")
+            if _ledger(run_dir).get("transfer", {}).get("key") == key:
+                res.steps.append(StepRecord("transfer", "skipped (complete)"))
+            else:
+                suite = load_suite(suite_path)
+                _timed(res.steps, "transfer", lambda: str(evaluate_transfer(run_dir=run_dir, suite=suite) and ""))
+                _mark(run_dir, "transfer", _files_key(run_dir / "model.safetensors", suite_path,
+                                                      run_dir / "transfer.json"))
+        log(f"[{label}] transfer: {res.steps[-1].status}")
+
+    if "report" in steps:
+        from audit.report import write_report
+
+        inputs = [run_dir / n for n in ("manifest.json", "metrics.json", "attack.json", "epsilon.json",
+                                        "transfer.json", "report.html", "report.md", "report.json")]
+        if _ledger(run_dir).get("report", {}).get("key") == _files_key(*inputs, extra=str(cfg.report.pdf)):
+            res.steps.append(StepRecord("report", "skipped (complete)"))
+        else:
+            _timed(res.steps, "report", lambda: str(write_report(run_dir=run_dir, pdf=cfg.report.pdf).html))
+            _mark(run_dir, "report", _files_key(*inputs, extra=str(cfg.report.pdf)))
+        log(f"[{label}] report: {res.steps[-1].status}")
+
+    res.summary = summarize(run_dir)
+    return res
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """The headline numbers of one run directory (whatever steps have run)."""
+    from audit.report.inputs import load_run
+
+    files = load_run(run_dir)
+    out: dict[str, Any] = {"run": run_dir.name, "claimed_epsilon": files.manifest.privacy.claimed_epsilon}
+    out["test_accuracy"] = files.test_accuracy
+    if files.attack is not None and files.attack.attacks:
+        name, entry = max(files.attack.attacks.items(), key=lambda kv: kv[1].metrics.auc)
+        out.update(strongest_attack=name, auc=entry.metrics.auc,
+                   tpr_at_0_1pct_fpr=entry.metrics.tpr_at_fpr.get("0.001"))
+    if files.epsilon is not None:
+        out.update(epsilon_lb=files.epsilon.verdict.best_epsilon_lb, verdict=files.epsilon.verdict.status)
+    return out
+
+
+def run_pipeline(*, config: RunConfig, variants: list[str] | None = None, steps: tuple[str, ...] = STEPS,
+                 retrain_shadows: bool = False, progress: bool = True, command: str | None = None,
+                 log: Log = print) -> list[VariantResult]:
+    """Run the configured steps for each variant (all variants by default) and return what happened.
+
+    Raises:
+        UserError: a bad config, missing data, or a mismatched/corrupt file in a run directory.
+    """
+    names = variants or variant_names(config)
+    results = []
+    for name in names:
+        cfg = select_variant(config, name)
+        results.append(_run_variant(cfg, steps=steps, retrain_shadows=retrain_shadows, progress=progress,
+                                    command=command, log=log))
+    summary_path = Path(config.output_dir) / f"{config.name}.summary.json"
+    write_json(summary_path, {"config": config.name, "variants": [
+        {"variant": r.variant, "run_dir": str(r.run_dir), **r.summary,
+         "steps": [vars(s) for s in r.steps]} for r in results]})
+    return results
