@@ -1,0 +1,298 @@
+"""Train many small reference (shadow) models at once, each on its own subset of a pool.
+
+Membership-inference attacks such as LiRA (Carlini et al. 2022, "Membership Inference Attacks From First
+Principles") and RMIA (Zarifzadeh et al. 2024) need many reference models trained with the target's recipe
+(DP-SGD included) on random halves of the pool. For small models one model per process leaves the machine
+idle: :func:`train_many` stacks K models' parameters and runs them in lock-step with ``torch.func``
+(``stack_module_state`` + ``functional_call`` + ``vmap`` over models of ``vmap`` over examples of ``grad``).
+
+Every model k sees only the examples of ``masks[k]``; its batches, initialisation and DP noise depend only
+on ``seeds[k]`` and the step (:mod:`training.batched_recipe`), so :func:`train_one` with the same seed gives
+the same model, whatever the executor and whichever other models share its batch.
+
+>>> import torch, numpy as np
+>>> from torch import nn
+>>> x, y = torch.rand(16, 3, 4, 4), torch.arange(16) % 2
+>>> masks = np.ones((2, 16), dtype=bool)
+>>> sds = train_many(model_factory=lambda: nn.Sequential(nn.Flatten(), nn.Linear(48, 2)), x=x, y=y,
+...                  masks=masks, steps=2, batch_size=4, lr=0.1, seeds=[0, 1], executor="batched")
+>>> [sorted(sd) for sd in sds]
+[['1.bias', '1.weight'], ['1.bias', '1.weight']]
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from training.batched_engine import BatchedTrainer
+from training.batched_recipe import TrainRecipe, check_model, seeded_init
+from training.batched_single import train_single
+from training.errors import DataError
+
+__all__ = ["train_many", "train_one", "fits_batched", "batched_memory_bytes", "TrainRecipe", "BatchedTrainer"]
+
+Executor = Literal["auto", "batched", "sequential", "process"]
+_BYTES = 4
+
+
+def _recipe(**kw: Any) -> TrainRecipe:
+    return TrainRecipe(**kw)
+
+
+def _check_pool(x: Tensor, y: Tensor) -> None:
+    if not isinstance(x, Tensor) or x.ndim != 4 or not x.is_floating_point():
+        raise ValueError(f"x must be a float tensor (N, C, H, W) in [0, 1], got "
+                         f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}")
+    if not isinstance(y, Tensor) or y.ndim != 1 or y.dtype != torch.int64 or len(y) != len(x):
+        raise ValueError(f"y must be an int64 tensor of shape ({len(x)},), got "
+                         f"{type(y).__name__} {getattr(y, 'dtype', '')} {tuple(getattr(y, 'shape', ()))}")
+
+
+def _as_masks(masks: Tensor | np.ndarray, n: int) -> np.ndarray:
+    m = masks.detach().cpu().numpy() if isinstance(masks, Tensor) else np.asarray(masks)
+    if m.ndim != 2 or m.shape[1] != n or m.dtype != np.bool_:
+        raise ValueError(f"masks must be bool of shape (K, {n}), got {m.dtype} {m.shape}")
+    empty = np.flatnonzero(~m.any(axis=1))
+    if empty.size:
+        raise DataError(f"masks[{int(empty[0])}] selects no pool example; every model needs at least one member")
+    return m
+
+
+def _as_seeds(seeds: Sequence[int], k: int) -> list[int]:
+    out = [int(s) for s in seeds]
+    if len(out) != k or any(s < 0 or s != t for s, t in zip(out, seeds)):
+        raise ValueError(f"seeds must be {k} non-negative integers (one per mask row), got {list(seeds)!r}")
+    return out
+
+
+def batched_memory_bytes(model: nn.Module, num_models: int, physical_batch_size: int, *,
+                         input_shape: tuple[int, ...] | None = None) -> int:
+    """Rough peak memory of one batched step: per-example gradients, activations, parameters and moments.
+
+    ``4 * K * (P * (2 D + 3 A) + 6 D)`` bytes for K models, P examples per model, D trainable parameters and
+    A activation values per example (counted with one zero input of ``input_shape``; D if not given).
+    """
+    d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    a = d if input_shape is None else _activation_count(model, input_shape)
+    return _BYTES * num_models * (physical_batch_size * (2 * d + 3 * a) + 6 * d)
+
+
+def _activation_count(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    count = [0]
+
+    def hook(_m: nn.Module, _i: Any, out: Any) -> None:
+        if isinstance(out, Tensor):
+            count[0] += out.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    try:
+        p = next(model.parameters(), None)
+        dev = p.device if p is not None and p.device.type != "meta" else torch.device("cpu")
+        with torch.no_grad():
+            model(torch.zeros((1, *input_shape), device=dev))
+    finally:
+        for h in handles:
+            h.remove()
+    return count[0]
+
+
+def _memory_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(0.7 * torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}
+        return int(0.5 * info["MemAvailable"])
+    except (OSError, KeyError, ValueError, IndexError):
+        return int(0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def fits_batched(model: nn.Module, num_models: int, physical_batch_size: int, *,
+                 input_shape: tuple[int, ...] | None = None, device: torch.device | str = "cpu",
+                 budget_bytes: int | None = None) -> bool:
+    """Whether K copies of ``model`` should fit one batched step on ``device`` (rough estimate).
+
+    Args:
+        model: one instance of the architecture.
+        num_models: K, models per batch.
+        physical_batch_size: examples per model per chunk.
+        input_shape: (C, H, W) of one example, to count activations (parameter count used if None).
+        device: target device; its free memory (CUDA: 70% of free, CPU: 50% of MemAvailable) is the budget.
+        budget_bytes: explicit budget instead of the device's free memory.
+
+    Returns:
+        True when :func:`batched_memory_bytes` is within the budget.
+    """
+    budget = _memory_budget(torch.device(device)) if budget_bytes is None else int(budget_bytes)
+    return batched_memory_bytes(model, num_models, physical_batch_size, input_shape=input_shape) <= budget
+
+
+def _run_batched(factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: np.ndarray, seeds: list[int],
+                 recipe: TrainRecipe, device: torch.device, chunk: int) -> list[dict[str, Tensor]]:
+    out: list[dict[str, Tensor]] = []
+    for s in range(0, len(seeds), chunk):
+        out += BatchedTrainer(model_factory=factory, x=x, y=y, masks=masks[s:s + chunk], seeds=seeds[s:s + chunk],
+                              recipe=recipe, device=device).run()
+    return out
+
+
+def _run_sequential(factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: np.ndarray, seeds: list[int],
+                    recipe: TrainRecipe, device: torch.device) -> list[dict[str, Tensor]]:
+    return [train_single(model_factory=factory, x=x, y=y, mask=m, seed=s, recipe=recipe, device=device)
+            for m, s in zip(masks, seeds)]
+
+
+def _picklable(obj: object) -> bool:
+    try:
+        pickle.dumps(obj)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
+
+
+def _worker(task: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+    """Process-pool task: train a group of models on CPU-transported arrays; return numpy state dicts."""
+    torch.set_num_threads(task["threads"])
+    x, y = torch.from_numpy(task["x"]), torch.from_numpy(task["y"])
+    args = (task["factory"], x, y, task["masks"], task["seeds"], task["recipe"], torch.device(task["device"]))
+    if task["inner"] == "batched":
+        sds = _run_batched(*args, chunk=task["chunk"])
+    else:
+        sds = _run_sequential(*args)
+    return [{n: v.numpy() for n, v in sd.items()} for sd in sds]
+
+
+def _run_process(factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: np.ndarray, seeds: list[int],
+                 recipe: TrainRecipe, device: torch.device, *, workers: int, chunk: int, inner: str,
+                 threads: int) -> list[dict[str, Tensor]]:
+    groups = np.array_split(np.arange(len(seeds)), max(workers, math.ceil(len(seeds) / chunk)))
+    xs, ys = x.detach().cpu().numpy(), y.detach().cpu().numpy()
+    tasks = [dict(factory=factory, x=xs, y=ys, masks=masks[g], seeds=[seeds[i] for i in g], recipe=recipe,
+                  device=str(device), inner=inner, chunk=chunk, threads=threads) for g in groups if len(g)]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+        results = list(pool.map(_worker, tasks))
+    return [{n: torch.from_numpy(v) for n, v in sd.items()} for group in results for sd in group]
+
+
+def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: Tensor | np.ndarray,
+               seeds: Sequence[int], steps: int, batch_size: int, lr: float,
+               optimizer: Literal["sgd", "adam", "adamw"] = "sgd", momentum: float = 0.0,
+               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+               lr_schedule: Callable[[int], float] | None = None, dp: bool = True, noise_multiplier: float = 1.0,
+               max_grad_norm: float = 1.0, sampling: Literal["poisson", "shuffle"] = "poisson",
+               physical_batch_size: int = 256, device: torch.device | str = "cpu", executor: Executor = "auto",
+               workers: int = 2, max_models_per_batch: int | None = None,
+               process_inner: Literal["batched", "sequential"] = "batched",
+               threads_per_worker: int = 1) -> list[dict[str, Tensor]]:
+    """Train K models of one architecture, model k on the pool examples ``masks[k]`` with seed ``seeds[k]``.
+
+    Args:
+        model_factory: builds one fresh model (no BatchNorm, no dropout); called under a per-seed RNG.
+            Must be picklable (a module-level function or ``functools.partial``) for ``executor="process"``.
+        x: float pool (N, C, H, W) in [0, 1].
+        y: int64 labels (N,).
+        masks: bool (K, N) membership; model k trains only on ``masks[k]``.
+        seeds: K non-negative ints; seed k fixes model k's initialisation, batches and noise.
+        steps, batch_size, lr, optimizer, momentum, betas, eps, weight_decay, lr_schedule, dp, noise_multiplier,
+            max_grad_norm, sampling, physical_batch_size: the recipe, see :class:`TrainRecipe`.
+        device: where to train.
+        executor: "batched" (vmap over models, in chunks of ``max_models_per_batch``), "sequential"
+            (:func:`train_one` per model), "process" (a spawn-context process pool of ``workers`` processes,
+            each training its share with ``process_inner`` on ``threads_per_worker`` torch threads) or "auto"
+            (batched when at least two models fit in memory by :func:`fits_batched`, else process on a
+            multi-worker CPU, else sequential).
+        workers: process-pool size for "process".
+        max_models_per_batch: most models stacked at once (None: all K, or as many as fit for "auto").
+        process_inner: how each process trains its models.
+        threads_per_worker: torch threads in each worker process.
+
+    Returns:
+        K state dicts on CPU, in mask order, with the names of ``model_factory().state_dict()``.
+
+    Raises:
+        ConfigError: the model has BatchNorm, active dropout or no trainable parameters.
+        DataError: a mask row selects no example.
+        ValueError: a malformed argument (the message names it).
+    """
+    _check_pool(x, y)
+    m = _as_masks(masks, len(x))
+    seeds = _as_seeds(seeds, len(m))
+    recipe = _recipe(steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum, betas=betas,
+                     eps=eps, weight_decay=weight_decay, lr_schedule=lr_schedule, dp=dp,
+                     noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, sampling=sampling,
+                     physical_batch_size=physical_batch_size)
+    if executor not in ("auto", "batched", "sequential", "process"):
+        raise ValueError(f"executor must be 'auto', 'batched', 'sequential' or 'process', got {executor!r}")
+    if process_inner not in ("batched", "sequential"):
+        raise ValueError(f"process_inner must be 'batched' or 'sequential', got {process_inner!r}")
+    for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if max_models_per_batch is not None and (not isinstance(max_models_per_batch, int) or max_models_per_batch < 1):
+        raise ValueError(f"max_models_per_batch must be an integer >= 1 or None, got {max_models_per_batch!r}")
+    device = torch.device(device)
+    chunk = max_models_per_batch or len(seeds)
+    if executor == "auto":
+        with seeded_init(seeds[0]):
+            probe = model_factory()
+        check_model(probe)
+        per_model = batched_memory_bytes(probe, 1, min(physical_batch_size, 2 * batch_size),
+                                         input_shape=tuple(x.shape[1:]))
+        chunk = max(1, min(chunk, _memory_budget(device) // max(per_model, 1)))
+        if chunk >= 2 or len(seeds) == 1:
+            executor = "batched"
+        elif workers > 1 and device.type == "cpu" and _picklable((model_factory, recipe)):
+            executor = "process"
+        else:
+            executor = "sequential"
+    if executor == "process" and not _picklable((model_factory, recipe)):
+        raise ValueError("executor='process' needs a picklable model_factory and lr_schedule (module-level "
+                         "functions or functools.partial, not lambdas or local functions)")
+    if executor == "batched":
+        return _run_batched(model_factory, x, y, m, seeds, recipe, device, chunk)
+    if executor == "sequential":
+        return _run_sequential(model_factory, x, y, m, seeds, recipe, device)
+    return _run_process(model_factory, x, y, m, seeds, recipe, device, workers=workers, chunk=chunk,
+                        inner=process_inner, threads=threads_per_worker)
+
+
+def train_one(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, mask: Tensor | np.ndarray, seed: int,
+              steps: int, batch_size: int, lr: float, optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
+              momentum: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+              weight_decay: float = 0.0, lr_schedule: Callable[[int], float] | None = None, dp: bool = True,
+              noise_multiplier: float = 1.0, max_grad_norm: float = 1.0,
+              sampling: Literal["poisson", "shuffle"] = "poisson", physical_batch_size: int = 256,
+              device: torch.device | str = "cpu",
+              per_example: Literal["loop", "vmap"] = "vmap") -> dict[str, Tensor]:
+    """Train one model exactly as :func:`train_many` trains the model with the same mask and seed.
+
+    Args:
+        mask: bool (N,), the pool examples this model trains on.
+        seed: non-negative int.
+        per_example: "loop" (one autograd backward per example: the obviously correct reference) or
+            "vmap" (torch.func per-example gradients of this one model).
+        Other arguments: as :func:`train_many`.
+
+    Returns:
+        The trained model's state dict on CPU.
+    """
+    _check_pool(x, y)
+    m = _as_masks(mask.reshape(1, -1) if isinstance(mask, Tensor) else np.asarray(mask).reshape(1, -1), len(x))[0]
+    seed = _as_seeds([seed], 1)[0]
+    recipe = _recipe(steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum, betas=betas,
+                     eps=eps, weight_decay=weight_decay, lr_schedule=lr_schedule, dp=dp,
+                     noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, sampling=sampling,
+                     physical_batch_size=physical_batch_size)
+    return train_single(model_factory=model_factory, x=x, y=y, mask=m, seed=seed, recipe=recipe, device=device,
+                        per_example=per_example)

@@ -1,0 +1,180 @@
+"""Train K small models at once: parameters stacked on a model axis, per-example gradients by nested vmap.
+
+The per-model state (parameters, optimizer moments) is stacked along a leading axis of size K
+(``torch.func.stack_module_state``). One step gathers each model's own batch (drawn from its members only,
+:func:`training.batched_recipe.batch_indices`) into a (K, B_max, ...) tensor, padded with an all-zero
+example of weight 0, and computes ``vmap`` over models of ``vmap`` over examples of ``grad`` of the loss
+(``torch.func.functional_call``). DP-SGD (Abadi et al. 2016): clip each example's flat gradient to
+``max_grad_norm``, sum, add N(0, (sigma C)^2) noise from the model's own generator, divide by the expected
+batch size. Without DP the gradient of the mean loss over the model's actual batch is used (zero for an
+empty batch). The stacked optimizer is a plain ``torch.optim`` optimizer: its update is coordinate-wise, so
+it is exactly each model's own update.
+
+Only models without BatchNorm and without dropout are accepted (see :func:`check_model`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, stack_module_state, vmap
+
+from training.batched_recipe import (
+    CLIP_EPS,
+    TrainRecipe,
+    batch_indices,
+    check_model,
+    make_optimizer,
+    noise_generator,
+    seeded_init,
+    set_lr,
+    trainable_names,
+)
+
+__all__ = ["BatchedTrainer"]
+
+
+class BatchedTrainer:
+    """K models of one architecture trained in lock-step, each on its own members, seed and noise.
+
+    Args:
+        model_factory: builds one fresh model (called once per seed, under :func:`seeded_init`).
+        x: float pool (N, C, H, W) in [0, 1].
+        y: int64 labels (N,).
+        masks: bool (K, N); ``masks[k]`` are the pool examples model k may train on.
+        seeds: K non-negative ints, one per model.
+        recipe: the shared :class:`TrainRecipe`.
+        device: where to train.
+
+    Raises:
+        ConfigError: the model has BatchNorm, active dropout or no trainable parameter.
+    """
+
+    def __init__(self, *, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: np.ndarray,
+                 seeds: Sequence[int], recipe: TrainRecipe, device: torch.device | str = "cpu") -> None:
+        masks = np.asarray(masks, dtype=bool)
+        if masks.ndim != 2 or masks.shape[1] != x.shape[0] or len(seeds) != masks.shape[0]:
+            raise ValueError(f"masks must be (K, N) = ({len(seeds)}, {x.shape[0]}) for {len(seeds)} seeds and "
+                             f"{x.shape[0]} pool examples, got {masks.shape}")
+        self.recipe = recipe
+        self.device = torch.device(device)
+        self.seeds = [int(s) for s in seeds]
+        self.models: list[nn.Module] = []
+        for seed in self.seeds:
+            with seeded_init(seed):
+                model = model_factory()
+            check_model(model)
+            self.models.append(model)
+        self.names = trainable_names(self.models[0])
+        for model in self.models[1:]:
+            if trainable_names(model) != self.names:
+                raise ValueError("model_factory must build the same architecture every call")
+        params, buffers = stack_module_state(self.models)
+        self.params = {n: params[n].detach().to(self.device) for n in self.names}
+        # frozen parameters and buffers: per-model constants, vmapped like the trainable parameters
+        self.consts = {n: t.detach().to(self.device) for n, t in {**params, **buffers}.items()
+                       if n not in self.params}
+        self.base = copy.deepcopy(self.models[0]).to("meta")
+        self.base.train()
+        self.shapes = [self.params[n].shape[1:] for n in self.names]
+        self.numels = [int(np.prod(s)) for s in self.shapes]
+        self.optimizer = make_optimizer(list(self.params.values()), recipe)
+        n = x.shape[0]
+        # one extra all-zero example (index n) pads every model's batch to a common size
+        dtype = self.params[self.names[0]].dtype
+        self.x = torch.cat([x, x.new_zeros((1, *x.shape[1:]))]).to(self.device, dtype)
+        self.y = torch.cat([y, y.new_zeros(1)]).to(self.device)
+        self.pad_index = n
+        self.members = [np.flatnonzero(m) for m in masks]
+        self.step_count = 0
+        self._dp_fn = vmap(self._clipped_sum, in_dims=(0, 0, 0, 0, 0))
+        self._sum_fn = vmap(self._sum_grad, in_dims=(0, 0, 0, 0, 0))
+
+    # -- per-model functions (vmapped over the model axis) -------------------------------------------------
+    def _example_loss(self, params: dict[str, Tensor], consts: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+        logits = functional_call(self.base, {**params, **consts}, (xi.unsqueeze(0),))
+        return F.cross_entropy(logits, yi.unsqueeze(0))
+
+    def _clipped_sum(self, params: dict[str, Tensor], consts: dict[str, Tensor], xb: Tensor, yb: Tensor,
+                     wb: Tensor) -> dict[str, Tensor]:
+        per_example = vmap(grad(self._example_loss), in_dims=(None, None, 0, 0))(params, consts, xb, yb)
+        sq = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square() for g in per_example.values())
+        factor = (self.recipe.max_grad_norm / (sq.sqrt() + CLIP_EPS)).clamp(max=1.0) * wb
+        return {n: torch.tensordot(factor, g, dims=1) for n, g in per_example.items()}
+
+    def _sum_grad(self, params: dict[str, Tensor], consts: dict[str, Tensor], xb: Tensor, yb: Tensor,
+                  wb: Tensor) -> dict[str, Tensor]:
+        def batch_loss(p: dict[str, Tensor]) -> Tensor:
+            logits = functional_call(self.base, {**p, **consts}, (xb,))
+            return (F.cross_entropy(logits, yb, reduction="none") * wb).sum()
+
+        return grad(batch_loss)(params)
+
+    # -- one logical step ------------------------------------------------------------------------------------
+    def _batch_matrix(self, step: int) -> tuple[Tensor, Tensor, np.ndarray]:
+        """(K, B_max) pool indices (pad = zero example) and 0/1 weights of every model's batch."""
+        r = self.recipe
+        batches = [batch_indices(m, batch_size=r.batch_size, seed=s, step=step, sampling=r.sampling)
+                   for m, s in zip(self.members, self.seeds)]
+        sizes = np.array([len(b) for b in batches], dtype=np.int64)
+        width = int(sizes.max(initial=0))
+        idx = np.full((len(batches), width), self.pad_index, dtype=np.int64)
+        for k, b in enumerate(batches):
+            idx[k, :len(b)] = b
+        weights = torch.from_numpy(idx != self.pad_index).to(self.device, self.x.dtype)
+        return torch.from_numpy(idx).to(self.device), weights, sizes
+
+    def _noise(self, step: int) -> Tensor:
+        """(K, D) standard normal noise, row k from model k's own generator for ``step``."""
+        total = sum(self.numels)
+        dtype = self.params[self.names[0]].dtype
+        return torch.stack([torch.randn(total, generator=noise_generator(s, step, self.device), device=self.device,
+                                        dtype=dtype) for s in self.seeds])
+
+    def step(self) -> np.ndarray:
+        """Run one logical step for every model; return the K actual batch sizes."""
+        r, t = self.recipe, self.step_count
+        idx, weights, sizes = self._batch_matrix(t)
+        k = len(self.seeds)
+        summed = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        fn = self._dp_fn if r.dp else self._sum_fn
+        for start in range(0, idx.shape[1], r.physical_batch_size):
+            cols = slice(start, start + r.physical_batch_size)
+            part = fn(self.params, self.consts, self.x[idx[:, cols]], self.y[idx[:, cols]], weights[:, cols])
+            for n in self.names:
+                summed[n].add_(part[n])
+        if r.dp:
+            noise = self._noise(t).mul_(r.noise_multiplier * r.max_grad_norm)
+            chunks = torch.split(noise, self.numels, dim=1)
+            grads = {n: (summed[n] + c.view(k, *s)) / r.batch_size
+                     for n, c, s in zip(self.names, chunks, self.shapes)}
+        else:
+            denom = torch.from_numpy(np.maximum(sizes, 1)).to(self.device, self.x.dtype)
+            grads = {n: summed[n] / denom.view(k, *([1] * len(s))) for n, s in zip(self.names, self.shapes)}
+        for n, p in self.params.items():
+            p.grad = grads[n]
+        set_lr(self.optimizer, r.lr_at(t))
+        self.optimizer.step()
+        self.step_count += 1
+        return sizes
+
+    def run(self) -> list[dict[str, Tensor]]:
+        """Train the remaining steps and return one CPU state dict per model (``state_dict()`` names)."""
+        while self.step_count < self.recipe.steps:
+            self.step()
+        return self.state_dicts()
+
+    def state_dicts(self) -> list[dict[str, Tensor]]:
+        """Current weights, one CPU state dict per model with the names of ``model_factory().state_dict()``."""
+        out = []
+        with torch.no_grad():
+            for k, model in enumerate(self.models):
+                for n in self.names:
+                    model.get_parameter(n).copy_(self.params[n][k].detach().cpu())
+                out.append({n: v.detach().cpu().clone() for n, v in model.state_dict().items()})
+        return out

@@ -1,0 +1,126 @@
+"""One model at a time: the reference for :class:`training.batched_engine.BatchedTrainer`.
+
+Same recipe and the same random streams (:mod:`training.batched_recipe`) as the batched trainer, written
+directly over an ``nn.Module`` and ``torch.optim``: per-example gradients either by a plain autograd loop
+over the batch (``per_example="loop"``, obviously correct, slow) or by ``torch.func.vmap`` over the examples
+of this one model (``per_example="vmap"``, the fast one-at-a-time baseline used by the sequential executor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from training.batched_recipe import (
+    CLIP_EPS,
+    TrainRecipe,
+    batch_indices,
+    check_model,
+    make_optimizer,
+    noise_generator,
+    seeded_init,
+    set_lr,
+    trainable_names,
+)
+
+__all__ = ["train_single"]
+
+
+def _clipped_sum_loop(model: nn.Module, params: dict[str, nn.Parameter], x: Tensor, y: Tensor,
+                      clip: float) -> dict[str, Tensor]:
+    """Sum over examples of per-example gradients clipped to norm ``clip``: one backward per example."""
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    for i in range(x.shape[0]):
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        g = {n: p.grad.detach().clone() for n, p in params.items()}
+        norm = torch.sqrt(sum(v.pow(2).sum() for v in g.values()))
+        factor = (clip / (norm + CLIP_EPS)).clamp(max=1.0)
+        for n in total:
+            total[n].add_(factor * g[n])
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def _clipped_sum_vmap(model: nn.Module, params: dict[str, nn.Parameter], x: Tensor, y: Tensor,
+                      clip: float) -> dict[str, Tensor]:
+    """Same as :func:`_clipped_sum_loop`, with per-example gradients from ``vmap(grad(...))``."""
+    detached = {n: p.detach() for n, p in params.items()}
+
+    def loss(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    per_example = vmap(grad(loss), in_dims=(None, 0, 0))(detached, x, y)
+    sq = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square() for g in per_example.values())
+    factor = (clip / (sq.sqrt() + CLIP_EPS)).clamp(max=1.0)
+    return {n: torch.tensordot(factor, g, dims=1) for n, g in per_example.items()}
+
+
+def train_single(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, mask: np.ndarray, seed: int,
+                 recipe: TrainRecipe, device: torch.device | str = "cpu",
+                 per_example: Literal["loop", "vmap"] = "vmap") -> dict[str, Tensor]:
+    """Train one model on the members ``mask`` with ``recipe``; return its CPU state dict.
+
+    Args:
+        model_factory: builds the model (called once, under :func:`seeded_init` ``(seed)``).
+        x: float pool (N, C, H, W) in [0, 1].
+        y: int64 labels (N,).
+        mask: bool (N,), the pool examples this model may train on.
+        seed: non-negative int; fixes initialisation, batches and noise.
+        recipe: the :class:`TrainRecipe`.
+        device: where to train.
+        per_example: "loop" (autograd, one backward per example) or "vmap" (torch.func).
+
+    Returns:
+        The trained model's state dict on CPU.
+
+    Raises:
+        ConfigError: the model has BatchNorm, active dropout or no trainable parameter.
+    """
+    if per_example not in ("loop", "vmap"):
+        raise ValueError(f"per_example must be 'loop' or 'vmap', got {per_example!r}")
+    device = torch.device(device)
+    with seeded_init(seed):
+        model = model_factory()
+    check_model(model)
+    model.to(device).train()
+    names = trainable_names(model)
+    named = dict(model.named_parameters())
+    params = {n: named[n] for n in names}
+    optimizer = make_optimizer(list(params.values()), recipe)
+    x, y = x.to(device, params[names[0]].dtype), y.to(device)
+    members = np.flatnonzero(np.asarray(mask, dtype=bool))
+    clipped_sum = _clipped_sum_loop if per_example == "loop" else _clipped_sum_vmap
+    r = recipe
+    for t in range(r.steps):
+        idx = torch.from_numpy(batch_indices(members, batch_size=r.batch_size, seed=seed, step=t,
+                                             sampling=r.sampling)).to(device)
+        chunks = [c for c in torch.split(idx, r.physical_batch_size) if len(c)]  # none for an empty batch
+        if r.dp:
+            summed = {n: torch.zeros_like(p) for n, p in params.items()}
+            for part in chunks:
+                for n, g in clipped_sum(model, params, x[part], y[part], r.max_grad_norm).items():
+                    summed[n].add_(g)
+            noise = torch.randn(sum(p.numel() for p in params.values()), generator=noise_generator(seed, t, device),
+                                device=device, dtype=params[names[0]].dtype)
+            noise = torch.split(noise * (r.noise_multiplier * r.max_grad_norm), [p.numel() for p in params.values()])
+            grads = {n: (summed[n] + z.view_as(summed[n])) / r.batch_size for n, z in zip(names, noise)}
+        else:
+            model.zero_grad(set_to_none=True)
+            for part in chunks:
+                loss = F.cross_entropy(model(x[part]), y[part], reduction="sum") / max(len(idx), 1)
+                loss.backward()
+            grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+                     for n, p in params.items()}
+        for n, p in params.items():
+            p.grad = grads[n]
+        set_lr(optimizer, r.lr_at(t))
+        optimizer.step()
+    model.zero_grad(set_to_none=True)
+    return {n: v.detach().cpu().clone() for n, v in model.state_dict().items()}
