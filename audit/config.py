@@ -41,7 +41,11 @@ class AttackConfig(Strict):
     rmia_gamma: float = Field(1.0, gt=0.0)
     rmia_offline_a: float = Field(0.3, ge=0.0, le=1.0)
     top_vulnerable: int = Field(20, ge=0)
-    seed: int = 0
+    seed: int = Field(0, description="seed of the keep masks, reference-model seeds, population draw, bootstrap")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where reference models train and run")
+    signal_batch_size: int = Field(512, gt=0, description="examples per forward pass when computing signals")
+    max_models_per_batch: int | None = Field(None, gt=0, description="batched executor: most models at once "
+                                             "(None: as many as fit in memory)")
 
     @model_validator(mode="after")
     def _check(self) -> "AttackConfig":
@@ -54,10 +58,28 @@ class AttackConfig(Strict):
 class EpsilonConfig(Strict):
     """Empirical epsilon settings (`audit epsilon`)."""
 
-    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - confidence of every lower bound")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - confidence of the verdict (shared by its bounds)")
     sources: tuple[Literal["pool", "input_canaries", "gradient_canaries"], ...] = (
         "pool", "input_canaries", "gradient_canaries")
     attack: str = Field("lira_online", description="attack whose scores feed the one-run estimator on the pool")
+    guesses: Literal["in", "in_out"] = Field(
+        "in_out", description="one-run guesses: top-k IN and bottom-k OUT (k_pos x k_neg grid), or top-k IN only")
+    k_grid_points: int = Field(4, ge=1, le=64, description="geometric grid of k from 10 to m/2 (Bonferroni over it)")
+    fdp: bool = Field(True, description="also run the one-run audit against a Gaussian trade-off curve")
+    split_alpha: bool = Field(True, description="give each bound in the verdict alpha / (number of such bounds)")
+    gaussian_in_verdict: Literal["auto", "never"] = Field(
+        "auto", description="auto: Gaussian-curve bounds count toward the verdict when the claimed mechanism is "
+        "exactly Gaussian (every DP phase full-batch, q = 1)")
+    holdout_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="pool CP/GDP: share used to pick the threshold")
+    seed: int = Field(0, ge=0, description="tie-breaking and held-out split randomness")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EpsilonConfig":
+        if len(set(self.sources)) != len(self.sources):
+            raise ValueError(f"epsilon.sources has duplicates: {list(self.sources)}")
+        if self.attack not in ATTACK_NAMES:
+            raise ValueError(f"epsilon.attack: unknown attack '{self.attack}'; valid: {', '.join(ATTACK_NAMES)}")
+        return self
 
 
 class TransferRunConfig(Strict):

@@ -1,9 +1,85 @@
-"""`audit epsilon` (being written)."""
+"""`audit epsilon RUN`: empirical ε lower bounds and a verdict for a checkpoint (writes RUN/epsilon.json)."""
+
+from __future__ import annotations
+
+import math
 
 import click
 
+from audit.config import EpsilonConfig
+
+
+def _config(config_file: str | None, alpha: float | None, sources: str | None, attack: str | None,
+            guesses: str | None) -> EpsilonConfig:
+    from training.config import validate_config
+
+    base = EpsilonConfig()
+    if config_file is not None:
+        from audit.config import load_run_config
+
+        base = load_run_config(config_file).epsilon
+    data = base.model_dump()
+    if alpha is not None:
+        data["alpha"] = alpha
+    if sources is not None:
+        data["sources"] = tuple(s.strip() for s in sources.split(",") if s.strip())
+    if attack is not None:
+        data["attack"] = attack
+    if guesses is not None:
+        data["guesses"] = guesses
+    return validate_config(data, EpsilonConfig, source="audit epsilon options")
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.3f}"
+
+
+def _counts(counts: dict) -> str:
+    if "r" in counts:
+        return f"m={counts['m']} r={counts['r']} v={counts['v']}"
+    return f"fp={counts.get('fp')}/{counts.get('n_neg')} fn={counts.get('fn')}/{counts.get('n_pos')}"
+
 
 @click.command(name="epsilon")
-def command() -> None:
-    """Not available yet."""
-    raise click.ClickException("audit epsilon is not available yet")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--alpha", type=float, default=None, help="1 - confidence of the verdict (default 0.05)")
+@click.option("--sources", default=None, metavar="LIST",
+              help="comma-separated: pool,input_canaries,gradient_canaries (default: all)")
+@click.option("--attack", default=None, help="attack in scores.npz that scores the pool (default lira_online)")
+@click.option("--guesses", type=click.Choice(["in", "in_out"]), default=None,
+              help="one-run guesses: top-k IN only, or also bottom-k OUT")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="experiment YAML whose 'epsilon' section supplies the defaults")
+def command(run_dir: str, alpha: float | None, sources: str | None, attack: str | None, guesses: str | None,
+            config_file: str | None) -> None:
+    """Lower-bound ε from attacks and canaries and judge the claim of RUN_DIR; writes RUN_DIR/epsilon.json."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from audit.epsilon.runner import run_epsilon
+
+    report = run_epsilon(run_dir=run_dir, config=_config(config_file, alpha, sources, attack, guesses))
+    table = Table(title=f"empirical ε for {report.run} (claimed ε = {_fmt(report.claimed_epsilon)}, "
+                        f"δ = {report.delta:.1e})")
+    for col in ("source", "method", "ε_lb", "ceiling", "α", "counts", "verdict"):
+        table.add_column(col, justify="right" if col in ("ε_lb", "ceiling", "α") else "left")
+    for e in report.estimates:
+        est = e.estimate
+        table.add_row(e.source, est.method, _fmt(est.epsilon_lb), _fmt(est.ceiling), f"{est.alpha:.3g}",
+                      _counts(dict(est.counts)), "decides" if e.in_verdict else "info only")
+    console = Console()
+    console.print(table)
+    for s in report.skipped:
+        console.print(f"skipped {s.source}: {s.reason}")
+    v = report.verdict
+    best = (f"best ε_lb = {v.best_epsilon_lb:.3f} ({v.best_source}/{v.best_method})" if v.best_method
+            else "no bound")
+    line = f"{v.status}: {best}, claimed ε = {_fmt(report.claimed_epsilon)}"
+    if v.tightness is not None:
+        line += f", tightness {v.tightness:.3f}"
+    if v.inconclusive_above is not None:
+        line += f"; inconclusive for violations above {v.inconclusive_above:.3f}"
+    click.echo(line)
+    click.echo(f"wrote {report.path}")

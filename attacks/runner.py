@@ -1,0 +1,270 @@
+"""`audit attack`: verify a run, get reference models, compute signals, run every attack, write the results.
+
+:func:`run_attack` does, in order:
+
+1. :func:`attacks.target.load_target`: weights, membership and pool fingerprint checked against the manifest.
+2. :func:`attacks.shadows.prepare_shadows` (only when an attack or the leave-one-out evaluation needs
+   reference models): K models with the target's recipe, re-used when they match.
+3. Signals: the scaled logit phi (:mod:`attacks.signals`) of the target and every reference model on every
+   pool example and on ``population`` samples z (known non-members: the test split, or the non-members held
+   out at import), for each augmented query; cached in ``signals.npz`` under a key over the target's weights,
+   the reference index, the augmentations and the population.
+4. Each configured attack (:data:`attacks.results.ATTACK_SPECS`), evaluated against the real target's
+   membership (``evaluation: target``), by leave-one-out over the reference models (``leave_one_out``: each
+   reference in turn is the target and the others its references, Carlini et al. 2022 Sec. V; the per-attack
+   metrics then describe reference model 0) or both.
+5. ``attack.json`` (format ``dp-audit-attack/1``) and ``scores.npz`` (``pool_index``, ``membership``,
+   ``labels``, ``score_<attack>``; every score "higher = member"), written atomically.
+
+The attack settings are read duck-typed (``audit.config.AttackConfig`` in practice), since ``attacks`` does
+not import ``audit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attacks.registry import AttackInputs, leave_one_out
+from attacks.results import ATTACK_SPECS, configured_attack, evaluate_scores, loo_summary, needs_reference
+from attacks.shadows import ShadowSet, prepare_shadows
+from attacks.signals import AugmentationSpec
+from attacks.signal_cache import Signals, load_or_compute_signals
+from attacks.shadow_train import accuracy, resolve_device
+from attacks.target import TargetRun, load_target
+from training.errors import CheckpointError, UserError
+from training.io import read_json, sha256_bytes, write_json, write_npz
+
+__all__ = ["ATTACK_FORMAT", "AttackSettings", "AttackResult", "run_attack", "attack_is_complete",
+           "attack_config_sha256"]
+
+ATTACK_FORMAT = "dp-audit-attack/1"
+#: settings that change how fast results come, not what they are: left out of ``config_sha256``
+EXECUTION_ONLY = ("executor", "workers", "device", "signal_batch_size", "max_models_per_batch")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttackSettings:
+    """The attack settings this module reads (same names and defaults as ``audit.config.AttackConfig``)."""
+
+    n_reference: int = 16
+    attacks: tuple[str, ...] = tuple(ATTACK_SPECS)
+    flip: bool = True
+    shifts: int = 0
+    executor: str = "auto"
+    workers: int = 1
+    population: int = 500
+    evaluation: str = "target"
+    n_bootstrap: int = 200
+    rmia_gamma: float = 1.0
+    rmia_offline_a: float = 0.3
+    top_vulnerable: int = 20
+    seed: int = 0
+    device: str = "auto"
+    signal_batch_size: int = 512
+    max_models_per_batch: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Any) -> AttackSettings:
+        """Read the fields of any config object (``AttackConfig``, a dataclass, a namespace) or mapping."""
+        if isinstance(config, AttackSettings):
+            return config
+        get = config.get if isinstance(config, dict) else (lambda k, d: getattr(config, k, d))
+        values = {f.name: get(f.name, f.default) for f in dataclasses.fields(cls)}
+        values["attacks"] = tuple(values["attacks"])
+        unknown = [a for a in values["attacks"] if a not in ATTACK_SPECS]
+        if unknown:
+            raise UserError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(ATTACK_SPECS)}")
+        if values["evaluation"] not in ("target", "leave_one_out", "both"):
+            raise UserError(f"attack.evaluation must be target, leave_one_out or both; got {values['evaluation']!r}")
+        return cls(**values)
+
+    @property
+    def augmentations(self) -> AugmentationSpec:
+        return AugmentationSpec(flip=bool(self.flip), shifts=int(self.shifts))
+
+    @property
+    def needs_references(self) -> bool:
+        return self.evaluation != "target" or any(needs_reference(a) for a in self.attacks)
+
+
+def attack_config_sha256(config: Any) -> str:
+    """sha256 of the attack settings that determine the results (execution-only settings left out)."""
+    data = dataclasses.asdict(AttackSettings.from_config(config))
+    for key in EXECUTION_ONLY:
+        data.pop(key)
+    return sha256_bytes(json.dumps(data, sort_keys=True, default=list).encode("utf-8"))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AttackResult:
+    """What :func:`run_attack` wrote: the ``attack.json`` content and the per-example scores."""
+
+    run_dir: Path
+    report: dict[str, Any]
+    scores: dict[str, np.ndarray]
+    membership: np.ndarray
+    shadows_trained: int
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One summary row per attack (name, AUC and interval, TPR at each FPR level)."""
+        from attacks.results import summary_rows
+
+        return summary_rows(self.report)
+
+
+def _logger(progress: bool) -> Callable[[str], None]:
+    if not progress:
+        return lambda _msg: None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return lambda msg: console.print(f"[dim]attack:[/dim] {msg}")
+
+
+def _check_attacks(settings: AttackSettings, target: TargetRun) -> None:
+    need = [a for a in settings.attacks if needs_reference(a)]
+    if settings.needs_references and not target.has_recipe:
+        what = f"attack(s) {', '.join(need)}" if need else "leave-one-out evaluation"
+        raise UserError(f"{what} need(s) reference models trained with the target's recipe, but {target.run_dir} "
+                        f"has no config.yaml (an imported checkpoint); use --set attack.attacks=[loss,attack_p] "
+                        f"and attack.evaluation=target")
+    if settings.needs_references and settings.n_reference == 0:
+        raise UserError(f"attack(s) {', '.join(need) or '(leave-one-out)'} need reference models but "
+                        f"attack.n_reference is 0; set it to an even number >= 2 or drop those attacks")
+    if settings.evaluation != "leave_one_out":
+        n_in = int(target.membership.sum())
+        if n_in == 0 or n_in == len(target.membership):
+            raise UserError(f"the target's membership mask has {n_in} members of {len(target.membership)}: the "
+                            f"attack needs members and non-members in the pool (train with data.audit_split: true, "
+                            f"or use --set attack.evaluation=leave_one_out)")
+
+
+def _utility(target: TargetRun, device: Any) -> dict[str, float | None]:
+    """Test and train accuracy: from ``metrics.json`` when training wrote it, else measured here (test: the
+    population source, or the pool's non-members)."""
+    path = target.run_dir / "metrics.json"
+    if path.is_file():
+        metrics = read_json(path, what="metrics")
+        return {"test_accuracy": metrics.get("test_accuracy"), "train_accuracy": metrics.get("train_accuracy")}
+    from training.checkpoint import load_model_from_run
+
+    model = load_model_from_run(target.run_dir, device=device)[0]
+    test = target.population if target.population is not None else target.pool.subset(~target.membership)
+    return {"test_accuracy": accuracy(model, test, device=device),
+            "train_accuracy": accuracy(model, target.pool.subset(target.membership), device=device)}
+
+
+def _inputs(phi: Signals, model: int, others: np.ndarray | None, labels: np.ndarray) -> AttackInputs:
+    has_pop = phi.population.shape[1] > 0
+    has_ref = others is not None and others.size > 0
+    return AttackInputs(
+        target=phi.pool[model], labels=labels,
+        reference=phi.pool[others] if has_ref else None,
+        reference_in=phi.keep[others - 1] if has_ref else None,
+        pop_target=phi.population[model] if has_pop else None,
+        pop_reference=phi.population[others] if has_pop and has_ref else None)
+
+
+def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows: bool = False,
+               progress: bool = True) -> AttackResult:
+    """Attack the run in ``run_dir`` as ``config`` says and write ``attack.json`` and ``scores.npz`` there.
+
+    Args:
+        run_dir: a run directory (``audit train`` or ``audit import``).
+        config: attack settings (``audit.config.AttackConfig`` or anything with the same fields).
+        retrain_shadows: delete and retrain the reference models.
+        progress: print progress messages on stderr.
+
+    Returns:
+        The :class:`AttackResult`.
+
+    Raises:
+        CheckpointError: the run or its reference models do not verify.
+        UserError: attacks that cannot run on this run (no recipe, no members/non-members, K odd, ...).
+    """
+    settings = AttackSettings.from_config(config)
+    say = _logger(progress)
+    target = load_target(run_dir)
+    _check_attacks(settings, target)
+    shadows: ShadowSet | None = None
+    if settings.needs_references:
+        shadows = prepare_shadows(target=target, n_models=settings.n_reference, seed=settings.seed,
+                                  executor=settings.executor, workers=settings.workers, device=settings.device,
+                                  max_models_per_batch=settings.max_models_per_batch, retrain=retrain_shadows,
+                                  log=say)
+    device = resolve_device(settings.device)
+    phi = load_or_compute_signals(target=target, shadows=shadows, spec=settings.augmentations,
+                                  n_population=settings.population, seed=settings.seed, device=device,
+                                  batch_size=settings.signal_batch_size, log=say)
+    labels = np.asarray(target.pool.y)
+    k = 0 if shadows is None else shadows.n_models
+    refs = np.arange(1, k + 1)
+    entries: dict[str, Any] = {}
+    scores: dict[str, np.ndarray] = {}
+    truth = target.membership if settings.evaluation != "leave_one_out" else phi.keep[0]
+    for name in settings.attacks:
+        attack = configured_attack(name, gamma=settings.rmia_gamma, offline_a=settings.rmia_offline_a)
+        say(f"running {name}")
+        loo = None
+        if settings.evaluation != "target":
+            rounds = leave_one_out(attack, phi.pool[1:], phi.keep, labels,
+                                   pop_phi=phi.population[1:] if phi.population.shape[1] else None)
+            loo = loo_summary([(r.scores, r.membership) for r in rounds])
+        if settings.evaluation == "leave_one_out":
+            score = rounds[0].scores
+        else:
+            score = attack.score(_inputs(phi, 0, refs if k else None, labels))
+        scores[name] = np.asarray(score, dtype=np.float64)
+        entry = {"params": {"attack": ATTACK_SPECS[name][0], **attack.params()},
+                 **evaluate_scores(scores[name], truth, labels, n_boot=settings.n_bootstrap, seed=settings.seed,
+                                   top_k=settings.top_vulnerable)}
+        if loo is not None:
+            entry["leave_one_out"] = loo
+        entries[name] = entry
+    utility = _utility(target, device)
+    report = {
+        "format": ATTACK_FORMAT,
+        "run": target.manifest.run_name,
+        "inputs": {"weights_sha256": target.weights_sha256, "membership_sha256": target.membership_sha256,
+                   "pool_fingerprint": target.pool_fingerprint, "config_sha256": attack_config_sha256(settings)},
+        "setup": {"n_reference": k, "augmentations": list(settings.augmentations.names), "pool_size": len(labels),
+                  "n_members": int(target.membership.sum()), "n_population": int(phi.population.shape[1]),
+                  "evaluation": settings.evaluation,
+                  "recipe_hash": None if shadows is None else shadows.index["recipe_hash"],
+                  "executor": None if shadows is None else shadows.executor,
+                  "shadow_train_seconds": 0.0 if shadows is None else shadows.train_seconds},
+        "attacks": entries,
+        "utility": utility,
+    }
+    out = Path(run_dir)
+    write_npz(out / "scores.npz", pool_index=np.arange(len(labels)), membership=truth, labels=labels,
+              **{f"score_{n}": s for n, s in scores.items()})
+    write_json(out / "attack.json", report)
+    return AttackResult(run_dir=out, report=report, scores=scores, membership=truth,
+                        shadows_trained=0 if shadows is None else shadows.trained)
+
+
+def attack_is_complete(run_dir: str | os.PathLike[str], config: Any) -> bool:
+    """True when ``attack.json`` and ``scores.npz`` exist and were made from this run's current weights,
+    membership and pool (as its manifest records them) with these attack settings."""
+    from training.manifest import read_manifest, verify_weights
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "attack.json").is_file() or not (run_dir / "scores.npz").is_file():
+        return False
+    try:
+        report = read_json(run_dir / "attack.json", what="attack results")
+        manifest = read_manifest(run_dir)
+        verify_weights(run_dir, manifest)
+    except CheckpointError:
+        return False
+    want = {"weights_sha256": manifest.model.weights_sha256, "membership_sha256": manifest.data.membership_sha256,
+            "pool_fingerprint": manifest.data.pool_fingerprint, "config_sha256": attack_config_sha256(config)}
+    return isinstance(report, dict) and report.get("format") == ATTACK_FORMAT and report.get("inputs") == want

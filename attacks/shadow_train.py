@@ -1,0 +1,250 @@
+"""Train reference (shadow) models with a target's recipe: batched, sequential, or in a process pool.
+
+Executors:
+
+- ``batched``: all models at once with :func:`training.batched.train_many` (``torch.func`` ``vmap`` over stacked
+  parameters, per-model data masks, per-model DP-SGD clipping and noise). Only for recipes that
+  :func:`attacks.recipe.batched_unsupported` accepts (small models, flat clipping, one phase).
+- ``sequential``: :func:`training.trainer.train` once per model, with ``membership=keep[k]``.
+- ``process``: the same trainer calls spread over ``workers`` spawned processes.
+- ``auto``: batched when the recipe allows it, else process (``workers > 1``) or sequential.
+
+Every model becomes a normal run directory (weights, ``manifest.json``, ``membership.npy``, ``config.yaml``,
+``metrics.json``): the regular trainer writes its own; for batched models :func:`write_batched_run` writes the
+same files with the same manifest schema.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from attacks.recipe import LrFactor, ShadowRecipe, batched_unsupported, model_factory, shadow_config
+from training import __version__
+from training.config import TrainConfig, dump_config
+from training.data import ImageSet, to_float_tensor
+from training.errors import ConfigError, UserError
+from training.io import save_safetensors, sha256_bytes, sha256_file, write_json, write_npy, write_text
+from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
+                               write_manifest)
+from training.models import build_model, count_parameters
+
+__all__ = ["Executor", "resolve_executor", "resolve_device", "train_shadow_models", "write_batched_run",
+           "accuracy"]
+
+Executor = Literal["auto", "batched", "sequential", "process"]
+EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "process")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; ``"cuda"`` without a GPU is a :class:`UserError`."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("attack.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int, input_shape: tuple[int, int, int],
+                     workers: int) -> str:
+    """The executor that will train the models (``auto`` resolved).
+
+    Raises:
+        ConfigError: ``batched`` was asked for a recipe it cannot follow (the message says why), or an
+            unknown executor name.
+    """
+    if requested not in EXECUTORS:
+        raise ConfigError(f"attack.executor must be one of {', '.join(EXECUTORS)}; got {requested!r}")
+    if requested in ("sequential", "process"):
+        return requested
+    reason = batched_unsupported(recipe, num_classes=num_classes, input_shape=input_shape)
+    if requested == "batched" and reason is not None:
+        raise ConfigError(f"attack.executor=batched cannot train these reference models: {reason}; "
+                          f"use --executor sequential or process")
+    if reason is None:
+        return "batched"
+    return "process" if workers > 1 else "sequential"
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, images: ImageSet | None, *, device: torch.device,
+             batch_size: int = 512) -> float | None:
+    """Top-1 accuracy of ``model`` on ``images`` (None when there are none)."""
+    if images is None or len(images) == 0:
+        return None
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for i in range(0, len(images), batch_size):
+        xb = to_float_tensor(images.x[i:i + batch_size]).to(device)
+        correct += int((model(xb).argmax(1).cpu() == torch.from_numpy(np.array(images.y[i:i + batch_size]))).sum())
+    model.train(was_training)
+    return correct / len(images)
+
+
+def _versions() -> dict[str, str | None]:
+    def ver(mod: str) -> str | None:
+        try:
+            return __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - an optional package that fails to import has no version
+            return None
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "opacus": ver("opacus"),
+            "timm": ver("timm")}
+
+
+def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, state: dict[str, torch.Tensor],
+                      mask: np.ndarray, pool: ImageSet, test: ImageSet | None, target_name: str,
+                      wall_seconds: float, device: torch.device) -> Manifest:
+    """Write one batched-trained reference model as a run directory (the trainer's files and manifest schema).
+
+    The manifest's privacy section records the DP-SGD phase the model went through (sigma, its own sample
+    rate ``B / n_k``, steps, C); a reference model makes no privacy claim of its own, so ``epsilon`` is None.
+    ``manifest.json`` is written last: its presence marks the directory complete.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    num_classes, input_shape = len(pool.classes), (3, *pool.x.shape[1:3])
+    built = build_model(cfg.model, num_classes=num_classes, input_shape=input_shape)
+    module = built.module
+    module.load_state_dict(state, strict=True)
+    config_text = dump_config(cfg)
+    write_text(run_dir / "config.yaml", config_text)
+    weights = save_safetensors(run_dir / "model.safetensors", module.state_dict())
+    mem_path = write_npy(run_dir / "membership.npy", np.asarray(mask, dtype=bool))
+    n_k = int(mask.sum())
+    members = pool.subset(np.flatnonzero(mask))
+    module.to(device)
+    metrics = {"test_accuracy": accuracy(module, test, device=device),
+               "train_accuracy": accuracy(module, members, device=device), "steps": recipe.steps,
+               "epsilon_spent": None, "final_loss": None, "wall_seconds": wall_seconds, "history": [],
+               "trainer": "batched (training.batched.train_many)"}
+    write_json(run_dir / "metrics.json", metrics)
+    pc, optim = cfg.privacy, cfg.optim
+    phase = PhaseInfo(
+        name="private" if recipe.dp else "non-private", dp=recipe.dp, dataset=cfg.data.dataset,
+        noise_multiplier=recipe.noise_multiplier, sample_rate=min(1.0, recipe.batch_size / n_k), steps=recipe.steps,
+        batch_size=recipe.batch_size, sampling=pc.sampling, max_grad_norm=recipe.max_grad_norm,
+        clipping="flat" if recipe.dp else None, grad_sample_mode="functorch (batched)" if recipe.dp else None,
+        optimizer=optim.name, lr=optim.lr, frozen=list(built.frozen))
+    privacy = PrivacyInfo(dp=recipe.dp, delta=recipe.delta, accountant=None, epsilon=None, phases=[phase], notes=[
+        f"reference model for auditing {target_name!r}: trained with the target's recipe on a keep mask; it makes "
+        f"no privacy claim of its own"])
+    total, trainable = count_parameters(module)
+    m = cfg.model
+    manifest = Manifest(
+        run_name=cfg.name,
+        model=ModelInfo(arch=m.arch, kwargs=dict(m.kwargs), num_classes=num_classes, input_shape=input_shape,
+                        normalize_mean=m.normalize_mean, normalize_std=m.normalize_std, cifar_stem=m.cifar_stem,
+                        fix_batchnorm=m.fix_batchnorm, param_count=total, trainable_param_count=trainable,
+                        weights_sha256=sha256_file(weights), frozen=list(built.frozen), notes=list(built.notes)),
+        data=DataInfo(dataset=cfg.data.dataset, root=cfg.data.root, split=cfg.data.split,
+                      test_split=cfg.data.test_split, image_size=cfg.data.image_size, pool_size=len(mask),
+                      pool_seed=cfg.data.pool_seed, pool_subset=cfg.data.pool_size is not None,
+                      pool_fingerprint=pool.fingerprint(), membership_sha256=sha256_file(mem_path),
+                      membership=MembershipInfo(scheme="explicit", n_members=n_k, n_pool=len(mask))),
+        privacy=privacy,
+        training={"recipe": cfg.training.recipe, "optimizer": optim.model_dump(mode="json"), "steps": recipe.steps,
+                  "batch_size": recipe.batch_size, "test_accuracy": metrics["test_accuracy"],
+                  "train_accuracy": metrics["train_accuracy"], "trainer": "batched"},
+        provenance=Provenance(package_version=__version__, **_versions(), seed=cfg.training.seed,
+                              config_sha256=sha256_bytes(config_text.encode("utf-8")),
+                              created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              command=f"audit attack (reference model of {target_name}, batched)", device=str(device)),
+    )
+    write_manifest(run_dir, manifest)
+    return manifest
+
+
+def _train_batched(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,
+                   seeds: Sequence[int], todo: Sequence[int], root: Path, target_name: str, device: torch.device,
+                   workers: int, max_models_per_batch: int | None) -> None:
+    from training.batched import train_many
+
+    cfg, optim = recipe.config, recipe.config.optim
+    factory = model_factory(cfg.model, num_classes=len(pool.classes), input_shape=(3, *pool.x.shape[1:3]))
+    t0 = time.perf_counter()
+    states = train_many(
+        model_factory=factory, x=to_float_tensor(pool.x), y=torch.as_tensor(np.array(pool.y), dtype=torch.int64),
+        masks=keep[list(todo)], seeds=[seeds[k] for k in todo], steps=recipe.steps, batch_size=recipe.batch_size,
+        lr=optim.lr, optimizer=optim.name, momentum=optim.momentum, betas=tuple(optim.betas),
+        weight_decay=optim.weight_decay, lr_schedule=LrFactor(optim, recipe.steps), dp=recipe.dp,
+        noise_multiplier=recipe.noise_multiplier or 0.0, max_grad_norm=recipe.max_grad_norm or 1.0,
+        sampling=cfg.privacy.sampling, physical_batch_size=cfg.training.physical_batch_size, device=device,
+        executor="auto", workers=workers, max_models_per_batch=max_models_per_batch)
+    share = (time.perf_counter() - t0) / max(1, len(todo))
+    for k, state in zip(todo, states):
+        scfg = shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
+        write_batched_run(root / str(k), cfg=scfg, recipe=recipe, state=state, mask=keep[k], pool=pool, test=test,
+                          target_name=target_name, wall_seconds=share, device=device)
+
+
+def _train_with_trainer(task: dict[str, Any]) -> str:
+    """Train one reference model with the regular trainer (top-level: the process pool pickles it)."""
+    from training.trainer import train
+
+    if task.get("threads"):
+        torch.set_num_threads(int(task["threads"]))  # only in our own worker processes
+    cfg = TrainConfig.model_validate(task["config"])
+    train(cfg, run_dir=task["run_dir"], membership=np.asarray(task["mask"], dtype=bool), progress=False,
+          resume=True, command=task["command"])
+    return task["run_dir"]
+
+
+def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,
+                        seeds: Sequence[int], todo: Sequence[int], root: Path, target_name: str, executor: str,
+                        workers: int = 1, device: torch.device | str = "cpu", max_models_per_batch: int | None = None,
+                        on_done: Callable[[int], None] | None = None) -> None:
+    """Train the reference models ``todo`` (indices into ``keep``/``seeds``) into ``root/<k>/``.
+
+    Args:
+        recipe: the target's recipe.
+        pool, test: the target's pool (what ``keep`` indexes) and test set (for accuracy metrics).
+        keep: ``(K, n)`` keep masks; model k trains on ``keep[k]``.
+        seeds: K seeds; model k's initialisation, batches and noise follow ``seeds[k]``.
+        todo: which models to train.
+        root: the shadow directory; model k goes to ``root/str(k)``.
+        target_name: the target run's name (recorded in each model's manifest).
+        executor: ``batched``, ``sequential`` or ``process`` (resolve ``auto`` first).
+        workers: processes for ``process`` (and for batched chunks that do not fit in memory).
+        device: where to train.
+        max_models_per_batch: most models stacked in one batched step (None: as many as fit).
+        on_done: called with the number of models finished after each one (sequential/process) or at the end.
+    """
+    todo = list(todo)
+    if not todo:
+        return
+    device = torch.device(device)
+    if executor == "batched":
+        _train_batched(recipe=recipe, pool=pool, test=test, keep=keep, seeds=seeds, todo=todo, root=root,
+                       target_name=target_name, device=device, workers=workers,
+                       max_models_per_batch=max_models_per_batch)
+        if on_done is not None:
+            on_done(len(todo))
+        return
+    if executor not in ("sequential", "process"):
+        raise ValueError(f"executor must be 'batched', 'sequential' or 'process'; got {executor!r}")
+    tasks = [{"config": shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
+              .model_dump(mode="json"), "run_dir": str(root / str(k)), "mask": keep[k].tolist(),
+              "command": f"audit attack (reference model of {target_name}, {executor})"} for k in todo]
+    if executor == "sequential" or workers <= 1 or len(tasks) == 1:
+        for i, task in enumerate(tasks, 1):
+            _train_with_trainer(task)
+            if on_done is not None:
+                on_done(i)
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool_ex:
+        for i, _ in enumerate(pool_ex.map(_train_with_trainer, [{**t, "threads": threads} for t in tasks]), 1):
+            if on_done is not None:
+                on_done(i)

@@ -1,0 +1,301 @@
+"""`audit epsilon`: every empirical ε lower bound a run directory supports, and the verdict, in ``epsilon.json``.
+
+For each configured source (:mod:`audit.epsilon.sources`) the runner computes
+
+* ``one_run`` — Steinke, Nasr, Jagielski (NeurIPS 2023), over a geometric ``(k_pos, k_neg)`` grid with the
+  search accounted for by Bonferroni (:func:`~audit.epsilon.one_run.epsilon_one_run_from_scores`);
+* ``one_run_fdp`` — Mahloujifar, Melis, Chaudhuri (2024), the same guesses tested against Gaussian trade-off
+  curves (:func:`~audit.epsilon.one_run_fdp.epsilon_one_run_fdp_from_scores`);
+* for the pool only, ``clopper_pearson`` and ``gdp`` with a held-out threshold (Jagielski et al. 2020; Nasr et al.
+  2023). They treat the pool examples of one model as independent trials, which no theorem grants, so they are
+  reported for comparison and never decide the verdict.
+
+Which bounds decide the verdict: every ``one_run`` bound (it assumes nothing beyond the (ε, δ) claim), and the
+``one_run_fdp`` bounds when the claimed mechanism is itself Gaussian — every DP phase full-batch (q = 1), so
+DP-SGD is a composition of Gaussian mechanisms with μ = sqrt(Σ T/σ²) and rejecting that curve refutes the claim.
+With ``split_alpha`` each deciding bound is computed at α/K (K of them), so the verdict ``VIOLATION`` (some
+ε_lb > claimed ε) is wrong with probability at most α. δ is the manifest's δ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from audit.config import EpsilonConfig
+from audit.epsilon.clopper_pearson import epsilon_from_scores_cp
+from audit.epsilon.estimate import EpsilonEstimate
+from audit.epsilon.gdp import epsilon_from_scores_gdp
+from audit.epsilon.one_run import epsilon_one_run_from_scores
+from audit.epsilon.one_run_fdp import epsilon_one_run_fdp_from_scores
+from audit.epsilon.sources import (SCORES_FILE, Evidence, Skipped, gradient_canary_evidence, input_canary_evidence,
+                                   pool_evidence)
+from audit.epsilon.thresholds import HeldOut
+from audit.epsilon.verdict import verdict as judge
+from training.io import read_json, sha256_bytes, sha256_file, write_json
+from training.manifest import Manifest, load_membership, read_manifest, verify_weights
+
+__all__ = ["FORMAT", "EPSILON_FILE", "SourcedEstimate", "RunVerdict", "EpsilonReport", "run_epsilon",
+           "epsilon_is_complete", "config_sha256", "k_grids", "claim_is_gaussian"]
+
+FORMAT = "dp-audit-epsilon/1"
+EPSILON_FILE = "epsilon.json"
+INDEPENDENCE = ("pool examples of one model treated as independent trials (heuristic, not a proven bound; "
+                "not used for the verdict)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SourcedEstimate:
+    """An estimate, the evidence it came from, and whether it takes part in the verdict."""
+
+    source: str
+    estimate: EpsilonEstimate
+    in_verdict: bool
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.estimate.to_dict()
+        return {"method": d["method"], "source": self.source, "epsilon_lb": d["epsilon_lb"], "alpha": d["alpha"],
+                "delta": d["delta"], "counts": d["counts"], "ceiling": d["ceiling"],
+                "assumptions": d["assumptions"],
+                "extra": {**d["extra"], "in_verdict": self.in_verdict, "evidence": dict(self.provenance)}}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunVerdict:
+    """The ``verdict`` block of ``epsilon.json``."""
+
+    status: str
+    best_epsilon_lb: float
+    best_method: str | None
+    best_source: str | None
+    tightness: float | None
+    inconclusive_above: float | None
+    confidence: float
+    max_ceiling: float
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "best_epsilon_lb": self.best_epsilon_lb, "best_method": self.best_method,
+                "best_source": self.best_source, "tightness": self.tightness,
+                "inconclusive_above": self.inconclusive_above, "confidence": self.confidence,
+                "max_ceiling": self.max_ceiling, "notes": list(self.notes)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpsilonReport:
+    """Everything ``epsilon.json`` holds; :meth:`to_dict` is its exact content."""
+
+    run: str
+    inputs: dict[str, str | None]
+    claimed_epsilon: float
+    delta: float
+    alpha: float
+    estimates: tuple[SourcedEstimate, ...]
+    skipped: tuple[Skipped, ...]
+    verdict: RunVerdict
+    path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "run": self.run, "inputs": dict(self.inputs),
+                "claimed_epsilon": self.claimed_epsilon, "delta": self.delta, "alpha": self.alpha,
+                "estimates": [e.to_dict() for e in self.estimates],
+                "skipped": [{"source": s.source, "reason": s.reason} for s in self.skipped],
+                "verdict": self.verdict.to_dict()}
+
+
+def config_sha256(config: EpsilonConfig) -> str:
+    """sha256 of the config's canonical JSON: ``epsilon.json`` is stale when it changes."""
+    return sha256_bytes(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode("utf-8"))
+
+
+def k_grids(m: int, *, points: int, guesses: str) -> tuple[np.ndarray, np.ndarray]:
+    """The one-run guess grid: ``points`` geometric values of k from min(10, m/2) to m/2.
+
+    ``guesses="in"`` pairs them with ``k_neg = 0``; ``"in_out"`` crosses them with themselves (r <= m always).
+
+    >>> kp, kn = k_grids(1000, points=4, guesses="in")
+    >>> kp.tolist(), kn.tolist()
+    ([10, 37, 136, 500], [0])
+    """
+    if m < 2:
+        raise ValueError(f"m must be >= 2 canaries, got {m}")
+    top = m // 2
+    ks = np.unique(np.round(np.geomspace(min(10, top), top, points)).astype(np.int64))
+    return (ks, ks) if guesses == "in_out" else (ks, np.zeros(1, dtype=np.int64))
+
+
+def claim_is_gaussian(manifest: Manifest) -> bool:
+    """Whether the claimed mechanism is exactly Gaussian: a DP claim whose every DP phase is full-batch (q = 1)."""
+    phases = [p for p in manifest.privacy.phases if p.dp]
+    return bool(manifest.privacy.dp and phases and all(
+        p.sample_rate is not None and math.isclose(p.sample_rate, 1.0, rel_tol=0.0, abs_tol=1e-12)
+        and (p.noise_multiplier or 0.0) > 0.0 for p in phases))
+
+
+def _load_evidence(source: str, *, run_dir: Path, manifest: Manifest, membership: np.ndarray,
+                   config: EpsilonConfig) -> Evidence | Skipped:
+    if source == "pool":
+        ev = pool_evidence(run_dir=run_dir, manifest=manifest, membership=membership, attack=config.attack)
+    elif source == "input_canaries":
+        ev = input_canary_evidence(run_dir=run_dir, manifest=manifest, membership=membership, attack=config.attack)
+    else:
+        ev = gradient_canary_evidence(run_dir=run_dir, manifest=manifest)
+    if isinstance(ev, Evidence) and (ev.m < 2 or ev.included.all() or not ev.included.any()):
+        return Skipped(source, f"{ev.m} canaries with {int(ev.included.sum())} included: the one-run audit needs "
+                               "at least two canaries, some in and some out")
+    return ev
+
+
+def _plan(ev: Evidence, *, delta: float, config: EpsilonConfig, gaussian: bool) -> list[tuple[str, bool]]:
+    """(method, in_verdict) for the estimates this evidence supports."""
+    plan = [("one_run", True)]
+    if config.fdp and delta > 0.0:
+        plan.append(("one_run_fdp", gaussian and config.gaussian_in_verdict == "auto"))
+    if ev.source == "pool":
+        n_in, n_out = int(ev.included.sum()), int((~ev.included).sum())
+        f = config.holdout_fraction
+        if all(1 <= math.floor(f * n) <= n - 1 for n in (n_in, n_out)):
+            plan.append(("clopper_pearson", False))
+            if delta > 0.0:
+                plan.append(("gdp", False))
+    return plan
+
+
+def _estimate(method: str, ev: Evidence, *, delta: float, alpha: float, config: EpsilonConfig) -> EpsilonEstimate:
+    if method in ("one_run", "one_run_fdp"):
+        kp, kn = k_grids(ev.m, points=config.k_grid_points, guesses=config.guesses)
+        fn = epsilon_one_run_from_scores if method == "one_run" else epsilon_one_run_fdp_from_scores
+        return fn(scores=ev.scores, included=ev.included, delta=delta, alpha=alpha, k_pos_grid=kp, k_neg_grid=kn,
+                  rng=config.seed)
+    fn = epsilon_from_scores_cp if method == "clopper_pearson" else epsilon_from_scores_gdp
+    est = fn(scores_in=ev.scores[ev.included], scores_out=ev.scores[~ev.included], delta=delta, alpha=alpha,
+             threshold_strategy=HeldOut(fraction=config.holdout_fraction, rng=config.seed))
+    assumptions = "; ".join(a for a in (est.assumptions, INDEPENDENCE) if a)
+    return dataclasses.replace(est, assumptions=assumptions)
+
+
+def _verdict(claim: float, delta: float, ests: Sequence[SourcedEstimate], notes: list[str]) -> RunVerdict:
+    deciding = [e for e in ests if e.in_verdict]
+    info = [e for e in ests if not e.in_verdict]
+    for e in info:
+        notes.append(f"not in the verdict: {e.source}/{e.estimate.method} ε_lb = {e.estimate.epsilon_lb:.4g} "
+                     f"(assumes: {e.estimate.assumptions or 'a Gaussian trade-off curve, which this claim is not'})")
+    if not deciding:
+        notes.insert(0, "no evidence: every source was skipped, so no violation could have been detected")
+        status = "NO_CLAIM" if math.isinf(claim) else "CONSISTENT"
+        return RunVerdict(status=status, best_epsilon_lb=0.0, best_method=None, best_source=None,
+                          tightness=None if math.isinf(claim) or claim == 0 else 0.0,
+                          inconclusive_above=None if math.isinf(claim) else 0.0, confidence=1.0, max_ceiling=0.0,
+                          notes=tuple(notes))
+    v = judge(claimed_epsilon=claim, estimates=[e.estimate for e in deciding],
+              claimed_delta=delta if math.isfinite(claim) else None)
+    best = max(range(len(deciding)), key=lambda k: (deciding[k].estimate.epsilon_lb, -k))
+    lead: list[str] = []
+    if str(v.status) == "VIOLATION":
+        lead += [f"{e.source}/{e.estimate.method}: ε_lb = {e.estimate.epsilon_lb:.4g} > claimed ε = {claim:.4g} "
+                 f"(lower bound at confidence {1 - e.estimate.alpha:.4g})"
+                 for e in deciding if e.estimate.epsilon_lb > claim]
+    lead += [n for n in v.notes if n.startswith(("inconclusive", "no DP claim"))]
+    lead.append(f"{len(deciding)} bound(s) decide the verdict; the chance that any overstates ε is at most "
+                f"Σα = {sum(e.estimate.alpha for e in deciding):.4g}")
+    return RunVerdict(status=str(v.status), best_epsilon_lb=v.best_epsilon_lb, best_method=v.best_method,
+                      best_source=deciding[best].source, tightness=v.tightness,
+                      inconclusive_above=v.inconclusive_above, confidence=v.confidence, max_ceiling=v.max_ceiling,
+                      notes=tuple(lead + notes))
+
+
+def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, write: bool = True) -> EpsilonReport:
+    """Compute every configured ε lower bound for a run, judge the claim, and write ``<run_dir>/epsilon.json``.
+
+    Args:
+        run_dir: A run directory written by ``audit train`` (or ``audit import``).
+        config: Sources, α and estimator settings (default :class:`~audit.config.EpsilonConfig`).
+        write: Write ``epsilon.json`` atomically (the report's ``path`` is set then).
+
+    Returns:
+        The :class:`EpsilonReport`.
+
+    Raises:
+        UserError: missing or mismatching files (manifest, weights, membership, ``scores.npz`` when the pool source
+            is configured), or a configured attack absent from ``scores.npz``.
+    """
+    config = config if config is not None else EpsilonConfig()
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    verify_weights(run_dir, manifest)
+    membership = load_membership(run_dir, manifest)
+    claim = manifest.privacy.claimed_epsilon
+    notes: list[str] = []
+    if manifest.privacy.dp and manifest.privacy.delta is not None:
+        delta = float(manifest.privacy.delta)
+    else:
+        from training.accounting import default_delta
+
+        delta = default_delta(max(1, manifest.data.membership.n_members))
+        notes.append(f"the manifest records no δ (no DP claim); bounds are at δ = {delta:g} = default for n = "
+                     f"{manifest.data.membership.n_members}")
+    gaussian = claim_is_gaussian(manifest)
+
+    evidence: list[Evidence] = []
+    skipped: list[Skipped] = []
+    for source in config.sources:
+        ev = _load_evidence(source, run_dir=run_dir, manifest=manifest, membership=membership, config=config)
+        (skipped if isinstance(ev, Skipped) else evidence).append(ev)
+
+    plans = [(ev, _plan(ev, delta=delta, config=config, gaussian=gaussian)) for ev in evidence]
+    n_deciding = sum(d for _, plan in plans for _, d in plan)
+    a_deciding = config.alpha / n_deciding if (config.split_alpha and n_deciding) else config.alpha
+    estimates = tuple(
+        SourcedEstimate(source=ev.source, in_verdict=deciding, provenance=dict(ev.provenance),
+                        estimate=_estimate(method, ev, delta=delta, alpha=a_deciding if deciding else config.alpha,
+                                           config=config))
+        for ev, plan in plans for method, deciding in plan)
+    if gaussian and config.gaussian_in_verdict == "auto" and any(m == "one_run_fdp" for _, p in plans for m, _ in p):
+        notes.append("every DP phase is full-batch (q = 1): the claimed mechanism is exactly Gaussian, so the "
+                     "Gaussian-curve one-run bounds take part in the verdict")
+
+    scores_path = run_dir / SCORES_FILE
+    report = EpsilonReport(
+        run=manifest.run_name,
+        inputs={"weights_sha256": manifest.model.weights_sha256,
+                "scores_sha256": sha256_file(scores_path) if scores_path.is_file() else None,
+                "config_sha256": config_sha256(config)},
+        claimed_epsilon=claim, delta=delta, alpha=config.alpha, estimates=estimates, skipped=tuple(skipped),
+        verdict=_verdict(claim, delta, estimates, notes))
+    if write:
+        path = write_json(run_dir / EPSILON_FILE, report.to_dict())
+        report = dataclasses.replace(report, path=path)
+    return report
+
+
+def epsilon_is_complete(run_dir: str | Path, config: EpsilonConfig | None = None) -> bool:
+    """Whether ``<run_dir>/epsilon.json`` is current: same format, weights, ``scores.npz`` and config.
+
+    >>> epsilon_is_complete("/nonexistent/run")
+    False
+    """
+    config = config if config is not None else EpsilonConfig()
+    run_dir = Path(run_dir)
+    path = run_dir / EPSILON_FILE
+    if not path.is_file() or not (run_dir / "manifest.json").is_file():
+        return False
+    try:
+        data = read_json(path, what="epsilon.json")
+        manifest = read_manifest(run_dir)
+    except ValueError:
+        return False
+    inputs = data.get("inputs") if isinstance(data, dict) else None
+    if data.get("format") != FORMAT or not isinstance(inputs, dict):
+        return False
+    scores_path = run_dir / SCORES_FILE
+    scores_sha = sha256_file(scores_path) if scores_path.is_file() else None
+    return (inputs.get("weights_sha256") == manifest.model.weights_sha256
+            and inputs.get("scores_sha256") == scores_sha
+            and inputs.get("config_sha256") == config_sha256(config))

@@ -1,0 +1,154 @@
+"""What every recipe receives from the trainer and gives back, and helpers they share.
+
+A recipe object is built from a :class:`RunSetup` (the validated config, the private pool and its members, δ,
+the device) and the :class:`~training.recipes.runner.RunContext`; it owns the model, hands its phases to
+:func:`~training.recipes.runner.run_phases` through :meth:`Recipe.next_phase`, and afterwards describes them
+for the manifest (:meth:`Recipe.phase_infos`) and the metrics (:meth:`Recipe.metrics`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.accounting import noise_multiplier_for
+from training.config import ModelConfig, TrainConfig
+from training.data import ImageSet, to_float_tensor
+from training.errors import ConfigError
+from training.hessian import HessianMonitor
+from training.manifest import PhaseInfo
+from training.pool import Pool, draw_membership
+from training.recipes.runner import NextPhase, RunContext
+
+__all__ = ["RunSetup", "Recipe", "calibrate_sigma", "held_out_batch", "make_monitor", "make_gradient_canaries",
+           "phase_seed"]
+
+
+@dataclass
+class RunSetup:
+    """The trainer's preparation, shared by every recipe.
+
+    Attributes:
+        cfg: the validated config.
+        pool: the private pool (members and non-members, canaries included) and its test set.
+        members: indices of the pool's members (what DP protects and training samples from).
+        delta: δ of the claim (None without DP).
+        device: where to train.
+        notes: caveats for the manifest (recipes add theirs).
+    """
+
+    cfg: TrainConfig
+    pool: Pool
+    members: np.ndarray
+    delta: float | None
+    device: torch.device
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.members)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (3, *self.pool.images.x.shape[1:3])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.pool.images.classes)
+
+    def private_steps(self) -> int:
+        """``training.steps``, or ``training.epochs`` passes over the members in expectation."""
+        tc = self.cfg.training
+        if tc.steps is not None:
+            return tc.steps
+        return max(1, int(np.ceil(tc.epochs * self.n / tc.batch_size)))
+
+
+class Recipe(Protocol):
+    """The interface the trainer drives."""
+
+    model: nn.Module
+    model_cfg: ModelConfig
+    model_notes: list[str]
+
+    def next_phase(self, completed: list[dict[str, Any]]) -> NextPhase | None: ...
+
+    def phase_infos(self, completed: list[dict[str, Any]]) -> list[PhaseInfo]: ...
+
+    def metrics(self, completed: list[dict[str, Any]]) -> dict[str, Any]: ...
+
+    def total_steps(self) -> int: ...
+
+
+def phase_seed(seed: int, index: int) -> int:
+    """Sampler seed of phase ``index``: the run seed for the first phase (so a one-phase run samples exactly as
+    before), an independent 31-bit seed for later ones."""
+    if index == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), int(index), 0x50484153]).generate_state(1)[0] >> 1)
+
+
+def calibrate_sigma(cfg: TrainConfig, *, sample_rate: float, steps: int, delta: float) -> float:
+    """σ of a single DP phase: ``privacy.noise_multiplier``, or calibrated to ``privacy.target_epsilon``."""
+    pc = cfg.privacy
+    if pc.noise_multiplier is not None:
+        return float(pc.noise_multiplier)
+    return float(noise_multiplier_for(target_epsilon=pc.target_epsilon, sample_rate=sample_rate, steps=steps,
+                                      delta=delta, accountant=pc.accountant))
+
+
+def held_out_batch(images: ImageSet, *, size: int, seed: int, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random batch of ``min(size, len(images))`` examples, as float tensors on ``device``."""
+    n = len(images)
+    idx = np.sort(np.random.default_rng([int(seed), 0x48425443]).choice(n, size=min(size, n), replace=False))
+    return (to_float_tensor(images.x[idx]).to(device),
+            torch.as_tensor(images.y[idx], dtype=torch.long, device=device))
+
+
+def make_monitor(cfg: TrainConfig, model: nn.Module, images: ImageSet | None, *, sigma: float | None,
+                 batch_size: float, device: torch.device, what: str) -> HessianMonitor | None:
+    """The tr(H) logger ``training.hessian`` asks for (None when ``every`` is 0).
+
+    Args:
+        cfg: the config (``training.hessian``, ``privacy.max_grad_norm``, ``training.seed``).
+        model: the unwrapped model; a deep copy becomes the monitor's hook-free template.
+        images: the held-out images tr(H) is measured on (public data, or the test split).
+        sigma, batch_size: the DP phase's σ and expected batch size (sigma None: no decelerator).
+        device: where to measure.
+        what: how to name ``images`` in the error message.
+
+    Raises:
+        ConfigError: logging is on but there are no held-out images.
+    """
+    hc = cfg.training.hessian
+    if hc.every == 0:
+        return None
+    if images is None or len(images) == 0:
+        raise ConfigError(f"training.hessian.every > 0 needs held-out data for tr(H) ({what}); the private "
+                          "members are never used, so the logged curve is not a side channel")
+    x, y = held_out_batch(images, size=hc.batch_size, seed=cfg.training.seed, device=device)
+    return HessianMonitor(copy.deepcopy(model), x, y, probes=hc.probes, sigma=sigma, batch_size=batch_size,
+                          clip_norm=cfg.privacy.max_grad_norm, seed=cfg.training.seed)
+
+
+def make_gradient_canaries(cfg: TrainConfig, model: nn.Module):
+    """White-box gradient canaries over ``model``'s currently trainable parameters (None when count is 0).
+
+    Raises:
+        ConfigError: canaries without DP.
+    """
+    gc = cfg.training.gradient_canaries
+    if gc.count == 0:
+        return None
+    if not cfg.privacy.enabled:
+        raise ConfigError("training.gradient_canaries need privacy.enabled: true (they audit the DP-SGD step)")
+    from training.dp.canaries import GradientCanaries
+
+    included = draw_membership(gc.count, p=0.5, seed=gc.seed)
+    return GradientCanaries.for_model(model, count=gc.count, seed=gc.seed, included=included)
