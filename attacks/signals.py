@@ -283,7 +283,7 @@ def compute_signals(
     dev = torch.device(device) if device is not None else (first.device if first is not None else
                                                             torch.device("cpu"))
     dtype = first.dtype if first is not None and torch.is_floating_point(first) else torch.float32
-    y_t = torch.as_tensor(y).long()
+    y_t = torch.as_tensor(np.array(y, dtype=np.int64, copy=True)) if isinstance(y, np.ndarray) else torch.as_tensor(y).long()
     n = len(x)
     if y_t.shape != (n,):
         raise ValueError(f"y must have shape ({n},) to match x; got {tuple(y_t.shape)}")

@@ -59,8 +59,9 @@ class EpsilonConfig(Strict):
     """Empirical epsilon settings (`audit epsilon`)."""
 
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - confidence of the verdict (shared by its bounds)")
-    sources: tuple[Literal["pool", "input_canaries", "gradient_canaries"], ...] = (
-        "pool", "input_canaries", "gradient_canaries")
+    sources: tuple[Literal["pool", "input_canaries", "gradient_canaries", "multi_run"], ...] = Field(
+        ("pool", "input_canaries", "gradient_canaries"),
+        description="evidence sources; multi_run (trains multi_run_models models) only when listed")
     attack: str = Field("lira_online", description="attack whose scores feed the one-run estimator on the pool")
     guesses: Literal["in", "in_out"] = Field(
         "in_out", description="one-run guesses: top-k IN and bottom-k OUT (k_pos x k_neg grid), or top-k IN only")
@@ -72,9 +73,16 @@ class EpsilonConfig(Strict):
         "exactly Gaussian (every DP phase full-batch, q = 1)")
     holdout_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="pool CP/GDP: share used to pick the threshold")
     seed: int = Field(0, ge=0, description="tie-breaking and held-out split randomness")
+    multi_run_models: int = Field(64, ge=4, description="multi_run: models trained, half with the canary (even)")
+    multi_run_canary: Literal["mislabel", "ood"] = Field(
+        "ood", description="multi_run canary: uniform-noise image with a fixed label, or a mislabelled test image")
+    multi_run_seed: int = Field(0, ge=0, description="multi_run: the canary and the models' seeds")
 
     @model_validator(mode="after")
     def _check(self) -> "EpsilonConfig":
+        if self.multi_run_models % 2:
+            raise ValueError(f"epsilon.multi_run_models must be even (n with and n without the canary), got "
+                             f"{self.multi_run_models}")
         if len(set(self.sources)) != len(self.sources):
             raise ValueError(f"epsilon.sources has duplicates: {list(self.sources)}")
         if self.attack not in ATTACK_NAMES:

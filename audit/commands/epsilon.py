@@ -46,7 +46,8 @@ def _counts(counts: dict) -> str:
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--alpha", type=float, default=None, help="1 - confidence of the verdict (default 0.05)")
 @click.option("--sources", default=None, metavar="LIST",
-              help="comma-separated: pool,input_canaries,gradient_canaries (default: all)")
+              help="comma-separated: pool,input_canaries,gradient_canaries,multi_run (default: all but multi_run, "
+                   "which trains models)")
 @click.option("--attack", default=None, help="attack in scores.npz that scores the pool (default lira_online)")
 @click.option("--guesses", type=click.Choice(["in", "in_out"]), default=None,
               help="one-run guesses: top-k IN only, or also bottom-k OUT")

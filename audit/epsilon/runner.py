@@ -6,6 +6,8 @@ For each configured source (:mod:`audit.epsilon.sources`) the runner computes
   search accounted for by Bonferroni (:func:`~audit.epsilon.one_run.epsilon_one_run_from_scores`);
 * ``one_run_fdp`` — Mahloujifar, Melis, Chaudhuri (2024), the same guesses tested against Gaussian trade-off
   curves (:func:`~audit.epsilon.one_run_fdp.epsilon_one_run_fdp_from_scores`);
+* for ``multi_run`` only (listed in ``sources``; it trains models), ``clopper_pearson`` and ``gdp`` over n models
+  re-trained with and n without one canary (:mod:`audit.epsilon.multi_run_source`; information, not verdict);
 * for the pool only, ``clopper_pearson`` and ``gdp`` with a held-out threshold (Jagielski et al. 2020; Nasr et al.
   2023). They treat the pool examples of one model as independent trials, which no theorem grants, so they are
   reported for comparison and never decide the verdict.
@@ -32,6 +34,7 @@ from audit.config import EpsilonConfig
 from audit.epsilon.clopper_pearson import epsilon_from_scores_cp
 from audit.epsilon.estimate import EpsilonEstimate
 from audit.epsilon.gdp import epsilon_from_scores_gdp
+from audit.epsilon.multi_run_source import multi_run_evidence
 from audit.epsilon.one_run import epsilon_one_run_from_scores
 from audit.epsilon.one_run_fdp import epsilon_one_run_fdp_from_scores
 from audit.epsilon.sources import (SCORES_FILE, Evidence, Skipped, gradient_canary_evidence, input_canary_evidence,
@@ -188,7 +191,8 @@ def _verdict(claim: float, delta: float, ests: Sequence[SourcedEstimate], notes:
         notes.append(f"not in the verdict: {e.source}/{e.estimate.method} ε_lb = {e.estimate.epsilon_lb:.4g} "
                      f"(assumes: {e.estimate.assumptions or 'a Gaussian trade-off curve, which this claim is not'})")
     if not deciding:
-        notes.insert(0, "no evidence: every source was skipped, so no violation could have been detected")
+        why = "every source was skipped" if not info else "every bound is for information only"
+        notes.insert(0, f"no evidence: {why}, so no violation could have been detected")
         status = "NO_CLAIM" if math.isinf(claim) else "CONSISTENT"
         return RunVerdict(status=status, best_epsilon_lb=0.0, best_method=None, best_source=None,
                           tightness=None if math.isinf(claim) or claim == 0 else 0.0,
@@ -245,7 +249,19 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
 
     evidence: list[Evidence] = []
     skipped: list[Skipped] = []
+    multi: list[SourcedEstimate] = []
     for source in config.sources:
+        if source == "multi_run":
+            res = multi_run_evidence(run_dir=run_dir, manifest=manifest, membership=membership, config=config,
+                                     delta=delta)
+            if isinstance(res, Skipped):
+                skipped.append(res)
+            else:
+                multi += [SourcedEstimate(source="multi_run", estimate=e, in_verdict=False,
+                                          provenance={"scores": "scaled logit of one canary in each re-trained model",
+                                                      "n_models": config.multi_run_models,
+                                                      "canary": config.multi_run_canary}) for e in res]
+            continue
         ev = _load_evidence(source, run_dir=run_dir, manifest=manifest, membership=membership, config=config)
         (skipped if isinstance(ev, Skipped) else evidence).append(ev)
 
@@ -256,7 +272,7 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
         SourcedEstimate(source=ev.source, in_verdict=deciding, provenance=dict(ev.provenance),
                         estimate=_estimate(method, ev, delta=delta, alpha=a_deciding if deciding else config.alpha,
                                            config=config))
-        for ev, plan in plans for method, deciding in plan)
+        for ev, plan in plans for method, deciding in plan) + tuple(multi)
     if gaussian and config.gaussian_in_verdict == "auto" and any(m == "one_run_fdp" for _, p in plans for m, _ in p):
         notes.append("every DP phase is full-batch (q = 1): the claimed mechanism is exactly Gaussian, so the "
                      "Gaussian-curve one-run bounds take part in the verdict")

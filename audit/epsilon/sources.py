@@ -40,7 +40,8 @@ from training.manifest import Manifest
 __all__ = ["Evidence", "Skipped", "SOURCES", "SCORES_FILE", "pool_evidence", "input_canary_evidence",
            "gradient_canary_evidence", "read_scores", "finite_scores", "inclusion_is_half", "run_train_config"]
 
-SOURCES = ("pool", "input_canaries", "gradient_canaries")
+SOURCES = ("pool", "input_canaries", "gradient_canaries", "multi_run")
+"""Evidence sources; ``multi_run`` trains models (:mod:`audit.epsilon.multi_run_source`), the rest read files."""
 SCORES_FILE = "scores.npz"
 CONFIG_FILE = "config.yaml"
 
