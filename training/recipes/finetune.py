@@ -143,7 +143,8 @@ class FinetuneRecipe:
             name=b.name, dp=pc.enabled, dataset=cfg.data.dataset, x=images.x, y=images.y, index=setup.members,
             batch_size=tc.batch_size, steps=b.steps, sigma=b.noise_multiplier if pc.enabled else None, privacy=pc,
             optim=cfg.optim.model_copy(update={"lr": ft.lp_lr or cfg.optim.lr}) if b.name == "lp" else cfg.optim,
-            sampler_seed=phase_seed(tc.seed, i), trainable=tuple(self.head if b.name == "lp" else self.backbone_trainable))
+            sampler_seed=phase_seed(tc.seed, i),
+            trainable=tuple(self.head if b.name == "lp" else self.backbone_trainable))
             for i, b in enumerate(plan)]
         ctx.hessian = None  # made per phase in prepare (its template must match the phase's trainable set)
 
