@@ -37,10 +37,13 @@ class TrainLogger:
             self._writer.add_scalar(tag, value, step)
 
     def log(self, step: int, stats: Any, *, epsilon: float | None) -> dict[str, Any]:
-        row = {"step": step, "loss": float(stats.loss), "lr": float(stats.lr), "batch_size": int(stats.batch_size)}
-        if self._dp:
-            row.update(clipped_fraction=float(stats.clipped_fraction), grad_norm_mean=float(stats.grad_norm_mean),
-                       noise_std=float(stats.noise_std))
+        def num(v: Any) -> float:
+            return float("nan") if v is None else float(v)
+
+        row = {"step": step, "loss": num(stats.loss), "lr": num(stats.lr), "batch_size": int(stats.batch_size)}
+        if self._dp and getattr(stats, "noise_std", None) is not None:  # a DP step (a non-DP phase has none)
+            row.update(clipped_fraction=num(stats.clipped_fraction), grad_norm_mean=num(stats.grad_norm_mean),
+                       noise_std=num(stats.noise_std))
         if epsilon is not None:
             row["epsilon_spent"] = float(epsilon)
         for k, v in row.items():
