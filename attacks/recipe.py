@@ -43,7 +43,10 @@ and logging/device settings, none of which changes the distribution of the train
 
 
 def recipe_hash(cfg: TrainConfig) -> str:
-    """sha256 of the resolved training config without the keys in :data:`NOT_RECIPE`.
+    """sha256 of the training config's non-default values, without the keys in :data:`NOT_RECIPE`.
+
+    Only values that differ from the field defaults enter the hash, so a config written before a new
+    option (with a default) was added keeps its hash.
 
     >>> a = TrainConfig.model_validate({"name": "a", "data": {"membership_seed": 1}})
     >>> b = TrainConfig.model_validate({"name": "b", "data": {"membership_seed": 2}})
@@ -51,10 +54,10 @@ def recipe_hash(cfg: TrainConfig) -> str:
     >>> recipe_hash(a) == recipe_hash(b), recipe_hash(a) == recipe_hash(c)
     (True, False)
     """
-    data = cfg.model_dump(mode="json")
+    data = cfg.model_dump(mode="json", exclude_defaults=True)
     for key in NOT_RECIPE:
         node, *path = key.split(".")
-        parent, leaf = (data, node) if not path else (data[node], path[0])
+        parent, leaf = (data, node) if not path else (data.get(node, {}), path[0])
         parent.pop(leaf, None)
     return sha256_bytes(json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8"))
 

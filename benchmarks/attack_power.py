@@ -1,17 +1,18 @@
-"""Attack power on real CIFAR-10 images: every attack against a small CNN, with 16 reference models.
+"""Attack power on real CIFAR-10 images: every attack against small models, with 16 reference models.
 
-A non-DP target (``small_cnn``: three 3x3 convolutions with GroupNorm and tanh, global average pooling, a
-linear head) is trained with ``audit train``'s trainer on a Bernoulli(1/2) half of a random pool drawn from the
-CIFAR-10 arrays in ``../shared/data/cifar10`` (JPEG-decoded training images, optionally resized); then
-``audit attack``'s runner trains 16 reference models with the same recipe on balanced halves of the pool
-(every example IN for exactly 8), queries every model on each image and its horizontal flip, and evaluates
-every attack twice: against the real target (its membership mask, with bootstrap intervals) and by
+For each model preset (``small_cnn``: three 3x3 convolutions with GroupNorm and tanh, global average pooling,
+a linear head; ``mlp``: one wide hidden layer, which memorises more in the same CPU budget), a non-DP target
+is trained with ``audit train``'s trainer on a Bernoulli(1/2) half of a random pool drawn from the CIFAR-10
+arrays in ``../shared/data/cifar10`` (JPEG-decoded training images, resized to 16x16 by default to fit a CPU
+budget); then ``audit attack``'s runner trains 16 reference models with the same recipe on balanced halves of
+the pool (every example IN for exactly 8), queries every model on each image and its horizontal flip, and
+evaluates every attack twice: against the real target (its membership mask, with bootstrap intervals) and by
 leave-one-out over the reference models (each in turn the target, the other 15 its references; mean +- std),
 the LiRA paper's protocol.
 
 The LiRA paper's 16-model demo figures (WRN-28-2 on CIFAR-10, online LiRA with fixed variance: AUC 0.686,
-TPR 5.9% at 0.1% FPR) are shown beside the numbers for scale; the setting here is much smaller (see the
-table header), so the numbers are not comparable one to one.
+TPR 5.9% at 0.1% FPR) are shown beside the numbers for scale; the settings here are much smaller, so the
+numbers are not comparable one to one.
 
 Example (the command that made results/reference/attack_power.md)::
 
@@ -38,6 +39,12 @@ from training.io import write_text
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LIRA_DEMO = {"lira_online_fixed_var": (0.686, 0.059)}
+#: model presets: (arch, kwargs, description, default steps, default Adam lr)
+PRESETS = {
+    "small_cnn": ("small_cnn", {}, "3x3 convolutions 16-32-64 with GroupNorm and tanh, global average pooling, "
+                  "linear head", 120, 0.003),
+    "mlp": ("mlp", {"hidden": [1024]}, "one hidden layer of 1,024 units, flattened pixels in", 300, 0.003),
+}
 
 
 def _cpu_seconds() -> float:
@@ -46,20 +53,21 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run(args: argparse.Namespace) -> str:
+def run_one(args: argparse.Namespace, preset: str) -> str:
+    """Train the target of ``preset``, run every attack with 16 reference models, render its section."""
     from training.trainer import train
 
-    torch.set_num_threads(args.threads)
+    arch, kwargs, _, steps, lr = PRESETS[preset]
+    steps, lr = args.steps or steps, args.lr or lr
     root = args.shared / "data" / "cifar10"
-    if not (root / "train.npz").is_file():
-        sys.exit(f"missing {root}/train.npz: this benchmark needs ../shared (see its MANIFEST.md)")
+    run_dir = args.run_prefix.parent / f"{args.run_prefix.name}-{preset}"
     cfg = TrainConfig.model_validate({
-        "name": args.run.name, "output_dir": str(args.run.parent),
+        "name": run_dir.name, "output_dir": str(run_dir.parent),
         "data": {"dataset": "cifar10", "root": str(root), "pool_size": args.pool_size, "pool_seed": args.seed,
                  "test_size": args.test_size, "image_size": args.image_size, "membership_seed": args.seed},
-        "model": {"arch": "small_cnn"}, "privacy": {"enabled": False},
-        "optim": {"name": "adam", "lr": args.lr, "schedule": "cosine"},
-        "training": {"steps": args.steps, "batch_size": args.batch_size, "physical_batch_size": 512,
+        "model": {"arch": arch, "kwargs": kwargs}, "privacy": {"enabled": False},
+        "optim": {"name": "adam", "lr": lr, "schedule": "cosine"},
+        "training": {"steps": steps, "batch_size": args.batch_size, "physical_batch_size": 512,
                      "seed": args.seed, "progress": False, "log_every": 50, "checkpoint_every": 10_000}})
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
     target = train(cfg, progress=False, overwrite=True)
@@ -70,30 +78,55 @@ def run(args: argparse.Namespace) -> str:
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
     result = run_attack(run_dir=target.run_dir, config=config, retrain_shadows=True, progress=True)
     t_attack, cpu_attack = time.perf_counter() - t0, _cpu_seconds() - cpu0
-    return render(args, cfg, target, result.report, (t_train, cpu_train), (t_attack, cpu_attack))
+    return render(args, preset, cfg, target, result.report, (t_train, cpu_train), (t_attack, cpu_attack))
+
+
+def run(args: argparse.Namespace) -> str:
+    torch.set_num_threads(args.threads)
+    if not (args.shared / "data" / "cifar10" / "train.npz").is_file():
+        sys.exit(f"missing {args.shared}/data/cifar10/train.npz: this benchmark needs ../shared (its MANIFEST.md)")
+    sections = [run_one(args, preset) for preset in args.models]
+    cmd = " ".join([".venv/bin/python", "benchmarks/attack_power.py", *map(shlex.quote, sys.argv[1:])])
+    head = [
+        "# Attack power: every attack against small models on CIFAR-10, 16 reference models",
+        "",
+        "Each section: a non-DP target trained by `audit train`'s trainer on a Bernoulli(1/2) half of a random "
+        "pool of CIFAR-10 training images (`../shared/data/cifar10`, JPEG-decoded), then `audit attack`'s "
+        "runner: 16 reference models with the target's recipe on balanced halves of the pool, every model "
+        "queried on each image and its horizontal flip, every attack evaluated against the real target (its "
+        "membership mask, with bootstrap intervals) and by leave-one-out over the reference models (each in "
+        "turn the target, the other 15 its references: the LiRA paper's protocol).",
+        "",
+        "The LiRA demo figures in the last column are quoted from this project's issue (the LiRA reference "
+        "code's 16-model demo: online LiRA with fixed variance against a WRN-28-2, about 1.5M parameters, "
+        "trained with augmentation on half of CIFAR-10's 50,000 training images): a far larger, "
+        "longer-trained model on far more data than the CPU-budget models here, so they are a scale "
+        "reference, not a number to match.",
+        "",
+    ]
+    tail = ["## Re-make", "", "```", cmd, "```", ""]
+    return "\n".join(head + sections + tail)
 
 
 def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
 
-def render(args, cfg, target, report, train_time, attack_time) -> str:
+def render(args, preset, cfg, target, report, train_time, attack_time) -> str:
     setup = report["setup"]
     side = args.image_size or 32
     n_non = setup["pool_size"] - setup["n_members"]
     acc = target.metrics
-    cmd = " ".join([".venv/bin/python", "benchmarks/attack_power.py", *map(shlex.quote, sys.argv[1:])])
+    _, _, description, _, _ = PRESETS[preset]
     lines = [
-        "# Attack power: every attack against a small CNN on CIFAR-10, 16 reference models",
+        f"## {preset}",
         "",
-        f"Setting: `small_cnn` ({target.manifest.model.param_count:,} parameters: 3x3 convolutions 16-32-64 with "
-        f"GroupNorm and tanh, global average pooling, linear head), no DP, trained by `audit train`'s trainer "
-        f"with Adam (lr {args.lr}, cosine), {args.steps} steps of expected batch {args.batch_size}, no data "
-        f"augmentation. Data: a random pool of {setup['pool_size']:,} images from the CIFAR-10 training arrays "
-        f"in `../shared/data/cifar10` (JPEG-decoded, {side}x{side} pixels); the target trains on a "
-        f"Bernoulli(1/2) half ({setup['n_members']:,} members, {n_non:,} non-members); each reference model on a "
-        f"balanced half (every image IN for exactly {setup['n_reference'] // 2} of {setup['n_reference']}). "
-        f"Population samples z: {setup['n_population']} test images. Queries: "
+        f"Model: `{cfg.model.arch}` ({target.manifest.model.param_count:,} parameters: {description}), no DP, "
+        f"Adam (lr {cfg.optim.lr}, cosine), {cfg.training.steps} steps of expected batch "
+        f"{cfg.training.batch_size}, no data augmentation. Data: a pool of {setup['pool_size']:,} images "
+        f"({side}x{side} pixels); the target's members: {setup['n_members']:,}, non-members: {n_non:,}; each "
+        f"reference model trains on a balanced half (every image IN for exactly {setup['n_reference'] // 2} of "
+        f"{setup['n_reference']}). Population samples z: {setup['n_population']} test images. Queries: "
         f"{', '.join(setup['augmentations'])}. Target accuracy: train {_pct(acc['train_accuracy'])}, test "
         f"{_pct(acc['test_accuracy'])}.",
         "",
@@ -114,29 +147,16 @@ def render(args, cfg, target, report, train_time, attack_time) -> str:
             f"{f'{demo[0]:.3f} / {_pct(demo[1])}' if demo else ''} |")
     lines += [
         "",
-        f"Target columns: the real target against its membership mask; 95% stratified-bootstrap percentile "
-        f"intervals ({args.n_bootstrap} resamples). With {n_non:,} non-members the smallest non-zero FPR is "
-        f"{1 / n_non:.4f}, so TPR at 0.1% FPR counts the members ranked above every non-member but at most "
-        f"{int(0.001 * n_non)}. Leave-one-out columns: each of the {setup['n_reference']} reference models in "
-        f"turn is the target and the other {setup['n_reference'] - 1} its references (mean +- std over "
-        f"rounds). RMIA: gamma 1, offline a = 0.3. Every score is \"higher = member\".",
-        "",
-        "The LiRA demo figures are quoted from this project's issue (the LiRA reference code's 16-model demo: "
-        "online LiRA with fixed variance against a WRN-28-2, about 1.5M parameters, trained with augmentation "
-        "on half of CIFAR-10's 50,000 training images): a far larger, longer-trained model on far more data "
-        "than the CPU-budget CNN here, so they are a scale reference, not a number to match.",
+        f"Target columns: 95% stratified-bootstrap percentile intervals ({args.n_bootstrap} resamples); with "
+        f"{n_non:,} non-members, TPR at 0.1% FPR allows {int(0.001 * n_non + 1e-9)} false positive(s). "
+        f"Leave-one-out columns: mean +- std over the {setup['n_reference']} rounds. RMIA: gamma 1, offline "
+        f"a = 0.3. Every score is \"higher = member\".",
         "",
         f"Cost: target training {train_time[0]:.0f} s wall / {train_time[1]:.0f} s CPU; attack (16 reference "
-        f"models with executor `{setup['executor']}`: {setup['shadow_train_seconds']:.0f} s, then signals and "
-        f"all attacks) {attack_time[0]:.0f} s wall / {attack_time[1]:.0f} s CPU. Machine: {os.cpu_count()} "
-        f"cores visible, {args.threads} torch threads, shared with other jobs (wall times are noisy; CPU time "
-        f"is the steadier measure). torch {torch.__version__}, Python {platform.python_version()}.",
-        "",
-        "## Re-make",
-        "",
-        "```",
-        cmd,
-        "```",
+        f"models, executor `{setup['executor']}`, {setup['shadow_train_seconds']:.0f} s; then signals and all "
+        f"attacks) {attack_time[0]:.0f} s wall / {attack_time[1]:.0f} s CPU. Machine: {os.cpu_count()} cores "
+        f"visible, {args.threads} torch threads, shared with other jobs (wall times are noisy; CPU time is the "
+        f"steadier measure). torch {torch.__version__}, Python {platform.python_version()}.",
         "",
     ]
     return "\n".join(lines)
@@ -145,14 +165,16 @@ def render(args, cfg, target, report, train_time, attack_time) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shared", type=Path, default=SHARED, help="the shared data folder's parent")
-    p.add_argument("--run", type=Path, default=Path("results/attack-power"), help="run directory to write")
+    p.add_argument("--models", nargs="+", default=["small_cnn", "mlp"], choices=list(PRESETS))
+    p.add_argument("--run-prefix", type=Path, default=Path("results/attack-power"),
+                   help="run directories are <prefix>-<model>")
     p.add_argument("--pool-size", type=int, default=2000)
     p.add_argument("--test-size", type=int, default=1000)
     p.add_argument("--image-size", type=int, default=16, help="resize images (None/0: native 32x32)")
     p.add_argument("--population", type=int, default=500)
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=None, help="override the preset's steps")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--lr", type=float, default=None, help="override the preset's Adam learning rate")
     p.add_argument("--n-reference", type=int, default=16)
     p.add_argument("--n-bootstrap", type=int, default=200)
     p.add_argument("--executor", default="auto", choices=["auto", "batched", "sequential", "process"])

@@ -199,11 +199,21 @@ def _drop_keep(run: Path) -> None:
     (run / "shadows" / "keep.npy").unlink()
 
 
+def _drop_weights(run: Path) -> None:
+    (run / "shadows" / "3" / "model.safetensors").unlink()
+
+
+def _drop_model(run: Path) -> None:
+    shutil.rmtree(run / "shadows" / "2")
+
+
 @pytest.mark.parametrize(("damage", "message"), [
     (_corrupt_index, "index.json is corrupt"),
     (_other_recipe, "another recipe"),
     (_tamper_weights, "model 1 is corrupt"),
     (_drop_keep, "keep.npy is missing"),
+    (_drop_weights, "model 3 is corrupt .*missing"),
+    (_drop_model, "model 2 is missing"),
 ])
 def test_mismatched_or_corrupt_shadows_are_refused(run_copy: Path, damage, message: str) -> None:
     damage(run_copy)
@@ -255,3 +265,11 @@ def test_sequential_executor_uses_the_trainer(target_run: Path, tmp_path: Path) 
         man = read_manifest(d)
         assert man.data.membership.scheme == "explicit" and (load_membership(d, man) == shadows.keep[k]).all()
         assert (d / "config.yaml").is_file() and man.training["steps"] == 12
+
+
+def test_recipe_hash_survives_new_options_with_defaults(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    data = cfg.model_dump(mode="json")
+    del data["training"]["continual"]          # a config written before these options existed
+    del data["optim"]["min_lr_ratio"]
+    assert recipe_hash(TrainConfig.model_validate(data)) == recipe_hash(cfg)

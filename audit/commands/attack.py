@@ -45,7 +45,7 @@ def _explicit_attacks(overrides: tuple[str, ...], config_path: str | None) -> bo
 
 
 def _fmt_ci(ci: Any) -> str:
-    return "" if not ci else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return "" if not ci else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def _print_table(result: Any) -> None:
@@ -56,10 +56,10 @@ def _print_table(result: Any) -> None:
     setup = report["setup"]
     table = Table(title=f"{report['run']}: {setup['n_members']} members / {setup['pool_size']} pool, "
                         f"{setup['n_reference']} reference models, evaluation {setup['evaluation']}")
-    table.add_column("attack")
-    table.add_column("AUC [95% CI]", justify="right")
-    for level in ("1%", "0.1%", "0.01%"):
-        table.add_column(f"TPR@{level}", justify="right")
+    table.add_column("attack", min_width=22, no_wrap=True)
+    table.add_column("AUC [95% CI]", justify="right", no_wrap=True)
+    for level in ("TPR@1%", "@0.1%", "@0.01%"):
+        table.add_column(level, justify="right", no_wrap=True)
     for name, entry in report["attacks"].items():
         m = entry["metrics"]
         tpr = m["tpr_at_fpr"]
