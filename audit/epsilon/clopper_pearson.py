@@ -17,7 +17,6 @@ non-members.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -25,7 +24,7 @@ from scipy import stats
 
 from audit.epsilon._validate import check_alpha, check_count, check_delta, check_rate_counts
 from audit.epsilon.estimate import EpsilonEstimate
-from audit.epsilon.thresholds import ThresholdStrategy, choose_threshold
+from audit.epsilon.thresholds import ThresholdStrategy, estimate_at_chosen_threshold
 
 __all__ = [
     "clopper_pearson_upper",
@@ -199,14 +198,9 @@ def epsilon_from_scores_cp(
     def bound(fp: np.ndarray, n_neg: int, fn: np.ndarray, n_pos: int, a: float) -> np.ndarray:
         return cp_epsilon_bound(fp, n_neg, fn, n_pos, a, delta=delta)
 
-    choice = choose_threshold(scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=threshold_strategy,
-                              bound=bound)
-    extra = {"threshold": choice.threshold, "threshold_strategy": choice.strategy,
-             "n_thresholds": choice.n_thresholds, "alpha_per_test": choice.alpha_test}
-    est = _estimate(fp=choice.fp, n_neg=choice.n_neg, fn=choice.fn, n_pos=choice.n_pos, delta=delta,
-                    alpha=choice.alpha_test, extra=extra)
-    # Report the overall α (the family-wise level); the per-test α is in ``extra``.
-    return dataclasses.replace(est, alpha=alpha)
+    return estimate_at_chosen_threshold(
+        scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=threshold_strategy, bound=bound,
+        estimate=lambda **counts: _estimate(delta=delta, **counts))
 
 
 def _estimate(*, fp: int, n_neg: int, fn: int, n_pos: int, delta: float, alpha: float,

@@ -19,7 +19,6 @@ which decreases in ε and increases in μ; :func:`eps_from_mu` and :func:`mu_fro
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -28,7 +27,7 @@ from scipy import special
 from audit.epsilon._validate import check_alpha, check_delta, check_nonnegative, check_rate_counts
 from audit.epsilon.clopper_pearson import clopper_pearson_upper
 from audit.epsilon.estimate import EpsilonEstimate
-from audit.epsilon.thresholds import ThresholdStrategy, choose_threshold
+from audit.epsilon.thresholds import ThresholdStrategy, estimate_at_chosen_threshold
 
 __all__ = ["gdp_delta", "eps_from_mu", "mu_from_eps", "gdp_mu_bound", "gdp_mu_lower_bound", "epsilon_gdp",
            "epsilon_from_scores_gdp", "GAUSSIAN_ASSUMPTION"]
@@ -236,13 +235,9 @@ def epsilon_from_scores_gdp(
     """
     delta = check_delta(delta, positive=True)
     alpha = check_alpha(alpha)
-    choice = choose_threshold(scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=threshold_strategy,
-                              bound=gdp_mu_bound)
-    extra = {"threshold": choice.threshold, "threshold_strategy": choice.strategy,
-             "n_thresholds": choice.n_thresholds, "alpha_per_test": choice.alpha_test}
-    est = _estimate(fp=choice.fp, n_neg=choice.n_neg, fn=choice.fn, n_pos=choice.n_pos, delta=delta,
-                    alpha=choice.alpha_test, extra=extra)
-    return dataclasses.replace(est, alpha=alpha)
+    return estimate_at_chosen_threshold(
+        scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=threshold_strategy, bound=gdp_mu_bound,
+        estimate=lambda **counts: _estimate(delta=delta, **counts))
 
 
 def _estimate(*, fp: int, n_neg: int, fn: int, n_pos: int, delta: float, alpha: float,

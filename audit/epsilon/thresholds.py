@@ -26,7 +26,7 @@ import numpy as np
 from audit.epsilon._validate import check_alpha, check_scores
 
 __all__ = ["HeldOut", "Bonferroni", "ThresholdStrategy", "ThresholdChoice", "counts_at_thresholds",
-           "choose_threshold"]
+           "choose_threshold", "estimate_at_chosen_threshold"]
 
 BoundFn = Callable[[np.ndarray, int, np.ndarray, int, float], np.ndarray]
 """``bound(fp, n_neg, fn, n_pos, alpha) -> values``: a vectorised bound to maximise (larger = more leakage)."""
@@ -189,3 +189,19 @@ def _split(scores: np.ndarray, fraction: float, rng: np.random.Generator, name: 
         )
     perm = rng.permutation(scores.size)
     return scores[perm[:n_sel]], scores[perm[n_sel:]]
+
+
+def estimate_at_chosen_threshold(*, scores_in, scores_out, alpha: float, strategy, bound: Callable,
+                                 estimate: Callable):
+    """Choose a threshold with ``strategy`` (never on the scores it is judged on), then estimate at it.
+
+    ``estimate(fp=, n_neg=, fn=, n_pos=, alpha=, extra=)`` builds the estimate at the per-test α; the result
+    reports the overall (family-wise) α, with the per-test α and the threshold in ``extra``.
+    """
+    choice = choose_threshold(scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=strategy,
+                              bound=bound)
+    extra = {"threshold": choice.threshold, "threshold_strategy": choice.strategy,
+             "n_thresholds": choice.n_thresholds, "alpha_per_test": choice.alpha_test}
+    est = estimate(fp=choice.fp, n_neg=choice.n_neg, fn=choice.fn, n_pos=choice.n_pos, alpha=choice.alpha_test,
+                   extra=extra)
+    return dataclasses.replace(est, alpha=alpha)
