@@ -36,7 +36,6 @@ def target_run(tmp_path_factory) -> Path:
     """A non-DP model that memorises noisy synthetic labels (members: a Bernoulli(1/2) half of 96 images)."""
     from training.trainer import train
 
-    torch.set_num_threads(1)
     cfg = TrainConfig.model_validate({
         "name": "overfit", "output_dir": str(tmp_path_factory.mktemp("runs")),
         "data": {"dataset": "synthetic", "split": "train:n=96,classes=4,noise=250",

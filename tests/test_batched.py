@@ -52,15 +52,6 @@ class WithBuffersAndFrozen(nn.Module):
         return self.head(torch.tanh(self.frozen(x.flatten(1) * self.scale - self.offset)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny ops run fastest (and steadiest on a shared machine) on one torch thread; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def pool() -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     g = torch.Generator().manual_seed(0)

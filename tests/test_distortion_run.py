@@ -11,8 +11,6 @@ from training.config import ModelConfig
 from training.data import ImageSet
 from training.models import build_model
 
-torch.set_num_threads(1)
-
 
 def _data(seed: int = 0) -> tuple[ImageSet, ImageSet]:
     """Two-class 8x8 images whose class sets the mean brightness (learnable, not trivially constant)."""

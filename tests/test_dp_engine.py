@@ -24,8 +24,6 @@ from training.dp.schedules import lr_at
 from training.dp.state import join_state, split_state
 from training.errors import CheckpointError, ConfigError
 
-torch.set_num_threads(1)
-
 MODES_STYLES = [("hooks", "flat"), ("hooks", "per_layer"), ("hooks", "automatic"),
                 ("functorch", "flat"), ("functorch", "per_layer"), ("functorch", "automatic"),
                 ("ghost", "flat")]

@@ -13,15 +13,6 @@ from training.hessian import (HessianMonitor, decelerator, hutchinson_trace, mod
                               rademacher_like)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Thousands of tiny Hessian-vector products: thread start-up would dominate (and the machine is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _tiny_mlp(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 3))

@@ -33,7 +33,6 @@ def weights(tmp_path_factory) -> Path:
     ``module.`` prefix DataParallel adds."""
     from training.models import build_model
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     net = build_model(ModelConfig(arch="small_cnn", normalize_mean=MEAN, normalize_std=STD), num_classes=10,
                       input_shape=(3, 8, 8)).module

@@ -57,15 +57,6 @@ CASES = {
 NUM_CLASSES = 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny tensors: thread start-up and contention dominate; restore the setting for other modules
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _build(case: str, **overrides):
     arch, kwargs, shape = CASES[case]
     cfg = ModelConfig(arch=arch, kwargs=kwargs, **overrides)

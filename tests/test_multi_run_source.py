@@ -26,14 +26,6 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _run(tmp_path: Path, **over) -> Path:
     data = json.loads(json.dumps(TINY))
     data["output_dir"] = str(tmp_path)

@@ -200,21 +200,13 @@ def _continual(**updates) -> TrainConfig:
                    "training.continual.switch_steps": 4, **updates})
 
 
-@pytest.fixture(autouse=False)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _weights(run_dir) -> dict[str, torch.Tensor]:
     from training.io import load_safetensors
 
     return load_safetensors(run_dir / "model.safetensors")
 
 
-def test_continual_manifest_lists_both_phases_and_accounts_only_the_private_one(tmp_path, one_thread):
+def test_continual_manifest_lists_both_phases_and_accounts_only_the_private_one(tmp_path):
     from training.trainer import train
 
     res = train(_continual(), run_dir=tmp_path / "run")
@@ -230,7 +222,7 @@ def test_continual_manifest_lists_both_phases_and_accounts_only_the_private_one(
     assert [h["phase"] for h in res.metrics["history"]] == ["public", "public", "private", "private", "private"]
 
 
-def test_continual_sigma_is_calibrated_for_the_private_steps_alone(tmp_path, one_thread):
+def test_continual_sigma_is_calibrated_for_the_private_steps_alone(tmp_path):
     from training.trainer import train
 
     cfg = _continual(**{"privacy": {"target_epsilon": 3.0, "accountant": "rdp"},
@@ -248,7 +240,7 @@ def test_continual_sigma_is_calibrated_for_the_private_steps_alone(tmp_path, one
     {"training.continual.switch": "decelerator", "training.continual.decelerator_threshold": 1e9},
     {"training.continual.switch": "decelerator", "training.continual.decelerator_threshold": 1e-9},
 ])
-def test_decelerator_switch_in_a_run(tmp_path, rule, one_thread):
+def test_decelerator_switch_in_a_run(tmp_path, rule):
     from training.trainer import train
 
     cfg = _continual(**{"training.continual.eval_every": 2, "training.continual.max_public_steps": 5,
@@ -265,7 +257,7 @@ def test_decelerator_switch_in_a_run(tmp_path, rule, one_thread):
 
 
 @pytest.mark.parametrize("stop", [2, 4, 7])  # before, exactly at, and after the switch at step 4
-def test_resume_across_the_switch_equals_an_uninterrupted_run(tmp_path, stop, one_thread):
+def test_resume_across_the_switch_equals_an_uninterrupted_run(tmp_path, stop):
     from training.trainer import train
 
     cfg = _continual(**{"training.continual.optimizer_state": "reset_first", "training.checkpoint_every": 100})
@@ -281,7 +273,7 @@ def test_resume_across_the_switch_equals_an_uninterrupted_run(tmp_path, stop, on
     assert [h["step"] for h in resumed.metrics["history"]] == [h["step"] for h in full.metrics["history"]]
 
 
-def test_plateau_rule_resume_keeps_its_evaluations(tmp_path, one_thread):
+def test_plateau_rule_resume_keeps_its_evaluations(tmp_path):
     from training.trainer import train
 
     cfg = _continual(**{"training.continual.switch": "plateau", "training.continual.eval_every": 1,
@@ -298,7 +290,7 @@ def test_plateau_rule_resume_keeps_its_evaluations(tmp_path, one_thread):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_hessian_logging_in_a_standard_run(tmp_path, one_thread):
+def test_hessian_logging_in_a_standard_run(tmp_path):
     from training.trainer import train
 
     cfg = _cfg(**{"training.hessian": {"every": 3, "probes": 2, "batch_size": 16}})
@@ -319,13 +311,8 @@ def source_run(tmp_path_factory):
     """A small non-DP checkpoint to fine-tune from."""
     from training.trainer import train
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run = tmp_path_factory.mktemp("src") / "run"
-        train(_cfg(**{"privacy": {"enabled": False}, "training.steps": 8}), run_dir=run)
-    finally:
-        torch.set_num_threads(before)
+    run = tmp_path_factory.mktemp("src") / "run"
+    train(_cfg(**{"privacy": {"enabled": False}, "training.steps": 8}), run_dir=run)
     return run
 
 
@@ -334,7 +321,7 @@ def _finetune(source, **updates) -> TrainConfig:
                    "data.pool_seed": 3, **updates})
 
 
-def test_dp_lp_leaves_the_backbone_bit_identical(tmp_path, source_run, one_thread):
+def test_dp_lp_leaves_the_backbone_bit_identical(tmp_path, source_run):
     from training.io import load_safetensors
     from training.trainer import train
 
@@ -350,7 +337,7 @@ def test_dp_lp_leaves_the_backbone_bit_identical(tmp_path, source_run, one_threa
     assert res.manifest.model.trainable_param_count == sum(out[k].numel() for k in head)
 
 
-def test_lp_fft_epsilon_split_composes_phases_with_different_sigma(tmp_path, source_run, one_thread):
+def test_lp_fft_epsilon_split_composes_phases_with_different_sigma(tmp_path, source_run):
     from training.trainer import train
 
     cfg = _finetune(source_run, **{"privacy": {"target_epsilon": 2.0, "accountant": "rdp"},
@@ -369,7 +356,7 @@ def test_lp_fft_epsilon_split_composes_phases_with_different_sigma(tmp_path, sou
     assert lp.epsilon + fft.epsilon > composed  # composition is sub-additive: not a sum
 
 
-def test_head_init_zero_and_keep_rules(tmp_path, source_run, one_thread):
+def test_head_init_zero_and_keep_rules(tmp_path, source_run):
     from training.io import load_safetensors
     from training.trainer import train
 

@@ -38,7 +38,6 @@ def tiny_config(output_dir: Path, name: str = "target", **privacy) -> TrainConfi
 def target_run(tmp_path_factory) -> Path:
     from training.trainer import train
 
-    torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("runs")
     return train(tiny_config(out), progress=False).run_dir
 
@@ -143,7 +142,6 @@ def test_executor_resolution(tmp_path: Path) -> None:
 
 
 def test_batched_dp_shadows_record_the_targets_sigma(tmp_path: Path) -> None:
-    torch.set_num_threads(1)
     cfg = tiny_config(tmp_path, noise_multiplier=0.8, max_grad_norm=0.7)
     recipe = shadow_recipe(config=cfg, manifest=_manifest(dp=True, sigma=0.8, q=0.25, steps=3))
     pool = load_dataset("synthetic", split=SPLIT)
