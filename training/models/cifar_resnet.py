@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.models.head import LinearHeadMixin
+
 __all__ = ["CifarResNet", "BasicBlock", "ShortcutA", "resnet20", "resnet32", "resnet56"]
 
 
@@ -67,7 +69,7 @@ class BasicBlock(nn.Module):
         return F.relu(out + self.shortcut(x))
 
 
-class CifarResNet(nn.Module):
+class CifarResNet(LinearHeadMixin, nn.Module):
     """CIFAR ResNet with ``blocks_per_stage`` basic blocks in each of three stages (depth ``6n + 2``).
 
     Args:
@@ -76,6 +78,8 @@ class CifarResNet(nn.Module):
         widths: channels of the three stages (16, 32, 64 in the paper).
         in_chans: input channels.
     """
+
+    head_attr = "linear"  # the attribute name of published CIFAR ResNet checkpoints
 
     def __init__(self, blocks_per_stage: int = 3, *, num_classes: int = 10,
                  widths: tuple[int, int, int] = (16, 32, 64), in_chans: int = 3) -> None:
@@ -112,26 +116,9 @@ class CifarResNet(nn.Module):
         x = F.relu(self.bn1(self.conv1(x)))
         return self.layer3(self.layer2(self.layer1(x)))
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Global average pooling, then the linear layer unless ``pre_logits``."""
-        x = x.mean(dim=(2, 3))
-        return x if pre_logits else self.linear(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def get_classifier(self) -> nn.Module:
-        """The final linear layer."""
-        return self.linear
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the final layer by a freshly initialised ``Linear(64, num_classes)``."""
-        if global_pool not in (None, "avg"):
-            raise ValueError(f"global_pool must be None or 'avg', got {global_pool!r}")
-        old = self.linear
-        self.linear = nn.Linear(old.in_features, num_classes, device=old.weight.device, dtype=old.weight.dtype)
-        nn.init.kaiming_normal_(self.linear.weight)
-        self.num_classes = num_classes
+    def init_head(self, linear: nn.Linear) -> None:
+        """He initialisation of a new final layer, as for the rest of the network."""
+        nn.init.kaiming_normal_(linear.weight)
 
 
 def resnet20(num_classes: int = 10, **kwargs) -> CifarResNet:

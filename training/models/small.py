@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from training.models.head import LinearHeadMixin
+
 __all__ = ["SmallCNN", "MLP", "ACTIVATIONS", "group_count"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -43,7 +45,7 @@ def _activation(name: str) -> nn.Module:
     return ACTIVATIONS[name]()
 
 
-class SmallCNN(nn.Module):
+class SmallCNN(LinearHeadMixin, nn.Module):
     """Conv3×3 blocks (the first at stride 1, the rest at stride 2), global average pooling, linear.
 
     Args:
@@ -85,25 +87,8 @@ class SmallCNN(nn.Module):
         """Unpooled maps of the last block."""
         return self.blocks(x)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Global average pooling, then the linear layer unless ``pre_logits``."""
-        x = x.mean(dim=(2, 3))
-        return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the final layer by a freshly initialised ``Linear(num_features, num_classes)``."""
-        w = self.head.weight
-        self.head = nn.Linear(self.num_features, num_classes, device=w.device, dtype=w.dtype)
-        self.num_classes = num_classes
-
-
-class MLP(nn.Module):
+class MLP(LinearHeadMixin, nn.Module):
     """Flatten, then ``len(hidden)`` Linear+activation layers, then a linear classifier.
 
     Args:
@@ -134,18 +119,3 @@ class MLP(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Output of the last hidden layer (N, hidden[-1]); the flattened input when there are none."""
         return self.layers(x.flatten(1))
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the final layer by a freshly initialised ``Linear(num_features, num_classes)``."""
-        w = self.head.weight
-        self.head = nn.Linear(self.num_features, num_classes, device=w.device, dtype=w.dtype)
-        self.num_classes = num_classes
