@@ -35,7 +35,7 @@ import torch
 from attacks.runner import run_attack
 from audit.config import ATTACK_NAMES, AttackConfig
 from training.config import TrainConfig
-from training.io import write_text
+from _common import add_output_args, emit
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LIRA_DEMO = {"lira_online_fixed_var": (0.686, 0.059)}
@@ -178,15 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n-reference", type=int, default=16)
     p.add_argument("--n-bootstrap", type=int, default=200)
     p.add_argument("--executor", default="auto", choices=["auto", "batched", "sequential", "process"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
+    add_output_args(p, threads=2)
     args = p.parse_args(argv)
     args.image_size = args.image_size or None
-    text = run(args)
-    print(text)
-    if args.out is not None:
-        write_text(args.out, text)
+    emit(run(args), args.out)
 
 
 if __name__ == "__main__":

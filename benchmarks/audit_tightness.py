@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shlex
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -42,9 +40,9 @@ from audit.epsilon.gdp import mu_from_eps
 from audit.epsilon.runner import run_epsilon
 from audit.epsilon.sources import gradient_canary_evidence, input_canary_evidence
 from training.config import TrainConfig
-from training.io import write_text
 from training.manifest import load_membership
 from training.pool import draw_membership
+from _common import add_output_args, emit, command_line
 
 PUBLISHED = "Steinke, Nasr, Jagielski (NeurIPS 2023), white-box, m = 1000 canaries: ε_lb ≈ 1.8 at ε = 4 (0.45)"
 
@@ -208,17 +206,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--k-points", type=int, default=3)
     parser.add_argument("--guesses", choices=["in", "in_out"], default="in_out")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ideal-draws", type=int, default=5, help="simulated draws for the estimator-limit table")
     parser.add_argument("--workdir", default="results/benchmarks/audit_tightness")
-    parser.add_argument("--out", default=None, help="write the Markdown table here")
+    add_output_args(parser)
     args = parser.parse_args(argv)
-    command = shlex.join([".venv/bin/python", "benchmarks/audit_tightness.py", *sys.argv[1:]])
     rows = [run_one(eps, args) for eps in args.epsilons]
-    text = markdown(rows, args, command)
-    print(text)
-    if args.out:
-        write_text(args.out, text)
+    emit(markdown(rows, args, command_line("audit_tightness.py")), args.out)
 
 
 if __name__ == "__main__":

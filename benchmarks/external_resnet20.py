@@ -27,7 +27,7 @@ import torch
 from attacks.runner import run_attack
 from audit.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
-from training.io import write_text
+from _common import add_output_args, emit
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -128,14 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--population", type=int, default=500, help="non-members held out as Attack-P's population")
     p.add_argument("--flip", action=argparse.BooleanOptionalAction, default=True, help="also query the flip")
     p.add_argument("--n-bootstrap", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
+    add_output_args(p, threads=2)
     args = p.parse_args(argv)
-    text = run(args)
-    print(text)
-    if args.out is not None:
-        write_text(args.out, text)
+    emit(run(args), args.out)
 
 
 if __name__ == "__main__":

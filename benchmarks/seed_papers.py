@@ -140,6 +140,11 @@ def _machine(runs: list[dict]) -> str:
             f"training in total")
 
 
+def _closing(findings: list[str], runs: list[dict]) -> list[str]:
+    """The end of a table: its findings, then the machine the runs took."""
+    return ["## Findings", "", *findings, "", f"Machine: {_machine(runs)}.", ""]
+
+
 def _hist(metrics: dict, key: str) -> dict[int, float]:
     return {h["step"]: h[key] for h in metrics["history"] if key in h and isinstance(h[key], (int, float))}
 
@@ -230,12 +235,7 @@ def table_continual() -> str | None:
         "",
         *per_seed,
         "",
-        "## Findings",
-        "",
-        *findings,
-        "",
-        f"Machine: {_machine(all_runs)}.",
-        "",
+        *_closing(findings, all_runs),
     ])
 
 
@@ -416,12 +416,7 @@ def table_finetune() -> str | None:
         "",
         *rows,
         "",
-        "## Findings",
-        "",
-        *findings,
-        "",
-        f"Machine: {_machine(all_runs)}.",
-        "",
+        *_closing(findings, all_runs),
     ])
 
 

@@ -21,14 +21,13 @@ import resource
 import shlex
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from training.batched import train_many
-from training.io import write_text
+from _common import add_output_args, emit
 
 
 class DigitsCNN(nn.Module):
@@ -200,14 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--widths", type=_widths, nargs="+", default=[(8, 16), (16, 32)],
                    help="conv widths C1xC2 of the models to time, e.g. 8x16 16x32")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the main process")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
+    add_output_args(p, threads=1)
     args = p.parse_args(argv)
-    text = run(args)
-    print(text)
-    if args.out is not None:
-        write_text(args.out, text)
+    emit(run(args), args.out)
 
 
 if __name__ == "__main__":

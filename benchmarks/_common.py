@@ -1,0 +1,37 @@
+"""What every benchmark script does the same way: its output options and writing its Markdown table.
+
+Benchmarks run as scripts (``.venv/bin/python benchmarks/<name>.py``), so this module is imported as ``_common``
+from the scripts' own folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from training.io import write_text
+
+__all__ = ["add_output_args", "emit", "command_line"]
+
+
+def add_output_args(parser: argparse.ArgumentParser, *, seed: bool = True, threads: int | None = None) -> None:
+    """Add ``--out`` (Markdown file to write) and, when asked, ``--seed`` and ``--threads``."""
+    if seed:
+        parser.add_argument("--seed", type=int, default=0)
+    if threads is not None:
+        parser.add_argument("--threads", type=int, default=threads, help="torch threads of the main process")
+    parser.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
+
+
+def emit(text: str, out: str | Path | None) -> None:
+    """Print the table, and write it atomically to ``out`` when given."""
+    print(text)
+    if out:
+        write_text(out, text)
+
+
+def command_line(script: str) -> str:
+    """The command that re-makes a table: this script with the arguments it was given."""
+    return shlex.join([".venv/bin/python", f"benchmarks/{script}", *sys.argv[1:]])
