@@ -155,7 +155,7 @@ def _utility(target: TargetRun, device: Any) -> dict[str, float | None]:
         return {"test_accuracy": metrics.get("test_accuracy"), "train_accuracy": metrics.get("train_accuracy")}
     from training.checkpoint import load_model_from_run
 
-    model = load_model_from_run(target.run_dir, device=device)[0]
+    model = load_model_from_run(target.run_dir, device=device, trust_code=target.code.trust_code)[0]
     test = target.population if target.population is not None else target.pool.subset(~target.membership)
     return {"test_accuracy": accuracy(model, test, device=device),
             "train_accuracy": accuracy(model, target.pool.subset(target.membership), device=device)}
@@ -173,7 +173,7 @@ def _inputs(phi: Signals, model: int, others: np.ndarray | None, labels: np.ndar
 
 
 def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows: bool = False,
-               progress: bool = True) -> AttackResult:
+               progress: bool = True, trust_code: bool = False) -> AttackResult:
     """Attack the run in ``run_dir`` as ``config`` says and write ``attack.json`` and ``scores.npz`` there.
 
     Args:
@@ -181,17 +181,20 @@ def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows:
         config: attack settings (``audit.config.AttackConfig`` or anything with the same fields).
         retrain_shadows: delete and retrain the reference models.
         progress: print progress messages on stderr.
+        trust_code: allow the run (and its reference models) to name code to import (``--trust-code``);
+            recorded in ``attack.json`` under ``code``.
 
     Returns:
         The :class:`AttackResult`.
 
     Raises:
+        UntrustedCodeError: the run names code to import and ``trust_code`` is False (nothing was run).
         CheckpointError: the run or its reference models do not verify.
         UserError: attacks that cannot run on this run (no recipe, no members/non-members, K odd, ...).
     """
     settings = AttackSettings.from_config(config)
     say = _logger(progress)
-    target = load_target(run_dir)
+    target = load_target(run_dir, trust_code=trust_code)
     _check_attacks(settings, target)
     shadows: ShadowSet | None = None
     if settings.needs_references:
@@ -242,6 +245,7 @@ def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows:
                   "shadow_train_seconds": 0.0 if shadows is None else shadows.train_seconds},
         "attacks": entries,
         "utility": utility,
+        "code": target.code.to_dict(),
     }
     out = Path(run_dir)
     write_npz(out / "scores.npz", pool_index=np.arange(len(labels)), membership=truth, labels=labels,

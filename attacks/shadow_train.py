@@ -196,14 +196,14 @@ def _train_with_trainer(task: dict[str, Any]) -> str:
         torch.set_num_threads(int(task["threads"]))  # only in our own worker processes
     cfg = TrainConfig.model_validate(task["config"])
     train(cfg, run_dir=task["run_dir"], membership=np.asarray(task["mask"], dtype=bool), progress=False,
-          resume=True, command=task["command"])
+          resume=True, command=task["command"], trust_code=bool(task.get("trust_code", False)))
     return task["run_dir"]
 
 
 def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,
                         seeds: Sequence[int], todo: Sequence[int], root: Path, target_name: str, executor: str,
                         workers: int = 1, device: torch.device | str = "cpu", max_models_per_batch: int | None = None,
-                        on_done: Callable[[int], None] | None = None) -> None:
+                        on_done: Callable[[int], None] | None = None, trust_code: bool = False) -> None:
     """Train the reference models ``todo`` (indices into ``keep``/``seeds``) into ``root/<k>/``.
 
     Args:
@@ -219,6 +219,8 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
         device: where to train.
         max_models_per_batch: most models stacked in one batched step (None: as many as fit).
         on_done: called with the number of models finished after each one (sequential/process) or at the end.
+        trust_code: let the regular trainer import an import-path ``model.arch`` of the recipe (the batched
+            trainer takes registered architectures only, so it never imports anything).
     """
     todo = list(todo)
     if not todo:
@@ -235,7 +237,8 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
         raise ValueError(f"executor must be 'batched', 'sequential' or 'process'; got {executor!r}")
     tasks = [{"config": shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
               .model_dump(mode="json"), "run_dir": str(root / str(k)), "mask": keep[k].tolist(),
-              "command": f"audit attack (reference model of {target_name}, {executor})"} for k in todo]
+              "command": f"audit attack (reference model of {target_name}, {executor})", "trust_code": trust_code}
+             for k in todo]
     if executor == "sequential" or workers <= 1 or len(tasks) == 1:
         for i, task in enumerate(tasks, 1):
             _train_with_trainer(task)

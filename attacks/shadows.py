@@ -252,7 +252,7 @@ def prepare_shadows(*, target: TargetRun, n_models: int, seed: int = 0, executor
         train_shadow_models(recipe=recipe, pool=target.pool, test=target.population, keep=keep,
                             seeds=index["seeds"], todo=todo, root=root, target_name=target.manifest.run_name,
                             executor=chosen, workers=workers, device=resolve_device(device),
-                            max_models_per_batch=max_models_per_batch,
+                            max_models_per_batch=max_models_per_batch, trust_code=target.code.trust_code,
                             on_done=lambda i: say(f"reference models trained: {i}/{len(todo)}"))
         for k in todo:
             _verify_model(root, k, keep[k], index, target.pool_fingerprint)

@@ -118,7 +118,7 @@ def load_or_compute_signals(*, target: TargetRun, shadows: ShadowSet | None, spe
     phi_pool = np.empty((len(run_dirs), n, a), dtype=np.float32)
     phi_pop = np.empty((len(run_dirs), m, a), dtype=np.float32)
     for i, run in enumerate(run_dirs):
-        model, _ = load_model_from_run(run, device=device)
+        model, _ = load_model_from_run(run, device=device, trust_code=target.code.trust_code)
         phi_pool[i] = compute_signals(model, target.pool.x, target.pool.y, spec=spec, batch_size=batch_size,
                                       device=device)
         if m:

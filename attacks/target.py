@@ -30,6 +30,7 @@ from training.errors import CheckpointError, ConfigError, DataError
 from training.io import read_json, sha256_file
 from training.manifest import Manifest, load_membership, read_manifest, verify_weights
 from training.pool import build_pool
+from training.trust import CodeTrust, require_code_trust
 
 __all__ = ["IMPORT_FILE", "IMPORT_FORMAT", "TargetRun", "load_target", "has_recipe", "pool_from_import",
            "combine_import_sets", "load_source"]
@@ -51,6 +52,8 @@ class TargetRun:
         membership: bool mask over the pool (True = trained on), sha256-verified.
         population: examples known to be OUT of the target (candidates for population samples z), or None.
         population_source: where ``population`` came from (for the record).
+        code: the fields of the run that name code, and whether the user trusted them (``--trust-code``);
+            every model built for this target passes ``code.trust_code`` on.
     """
 
     run_dir: Path
@@ -60,6 +63,7 @@ class TargetRun:
     membership: np.ndarray
     population: ImageSet | None
     population_source: str
+    code: CodeTrust = CodeTrust(trust_code=False)
 
     @property
     def has_recipe(self) -> bool:
@@ -164,20 +168,23 @@ def _pool_from_manifest(manifest: Manifest, run_dir: Path) -> ImageSet:
     return pool_from_import(record)[0]
 
 
-def load_target(run_dir: str | os.PathLike[str]) -> TargetRun:
+def load_target(run_dir: str | os.PathLike[str], *, trust_code: bool = False) -> TargetRun:
     """Read and verify a run directory for auditing.
 
-    Checks, in order: the manifest parses; the weights' sha256; the membership file's sha256 and shape;
+    Checks, in order: the run names no code to import unless ``trust_code`` (:func:`training.trust.require_code_trust`,
+    before anything else is read); the manifest parses; the weights' sha256; the membership file's sha256 and shape;
     ``config.yaml`` against ``provenance.config_sha256`` (when present); the rebuilt pool's fingerprint
     against ``data.pool_fingerprint``.
 
     Raises:
+        UntrustedCodeError: the run names code to import and ``trust_code`` is False.
         CheckpointError: any mismatch or missing file, with what was wrong and how to fix it.
         DataError: the pool's data cannot be loaded.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory not found: {run_dir}")
+    code = require_code_trust(run_dir, trust_code=trust_code)
     manifest = read_manifest(run_dir)
     verify_weights(run_dir, manifest)
     membership = load_membership(run_dir, manifest)
@@ -203,4 +210,4 @@ def load_target(run_dir: str | os.PathLike[str]) -> TargetRun:
             f"the manifest ({manifest.data.pool_size} examples, {manifest.data.pool_fingerprint[:12]}...): the data "
             f"on disk differs from the data the model was trained on; point data.root at the original data")
     return TargetRun(run_dir=run_dir, manifest=manifest, config=config, pool=pool, membership=membership,
-                     population=population, population_source=pop_source)
+                     population=population, population_source=pop_source, code=code)

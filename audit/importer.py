@@ -88,7 +88,7 @@ def _claim(claimed_epsilon: float | None, delta: float | None, accountant: str |
 
 def _load_model(weights: Path, cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, int, int]
                 ) -> tuple[torch.nn.Module, list[str]]:
-    built = build_model(cfg, num_classes=num_classes, input_shape=input_shape)
+    built = build_model(cfg, num_classes=num_classes, input_shape=input_shape, trust_code=True)  # the caller's arch
     state = strip_prefix(load_weights_file(weights), "net.")
     hint = (f"; check --arch {cfg.arch}, --num-classes {num_classes}, --fix-batchnorm/--no-fix-batchnorm "
             f"and --cifar-stem/--no-cifar-stem")

@@ -4,6 +4,11 @@ Every step reads and writes files in the run directory and is skipped when its o
 their inputs: training by its manifest and config hash (an interrupted training resumes from its saved state),
 attacks and epsilon by the input hashes recorded in ``attack.json``/``epsilon.json``, transfer and the report by
 the hashes kept in ``pipeline.json``. So an interrupted pipeline, run again, redoes only what is missing.
+
+CONFIG is the user's own experiment file and its run directories are written from it by the train step, so
+every step runs with ``trust_code=True`` (an import-path ``model.arch`` in CONFIG is built, as by
+``audit train``); auditing a run directory someone else made is ``audit attack``/``epsilon``/``transfer``, which
+refuse such code unless given ``--trust-code``.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: boo
 
     if "train" in steps:
         t0 = time.perf_counter()
-        tr = train(cfg.train_config(), resume=True, progress=progress, command=command)
+        tr = train(cfg.train_config(), resume=True, progress=progress, command=command, trust_code=True)
         status = "skipped (complete)" if tr.already_complete else "ran"
         detail = f"resumed at step {tr.resumed_from}" if tr.resumed_from else ""
         res.steps.append(StepRecord("train", status, time.perf_counter() - t0, detail))
@@ -95,7 +100,7 @@ def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: boo
         else:
             _timed(res.steps, "attack", lambda: str(run_attack(run_dir=run_dir, config=cfg.attack,
                                                                retrain_shadows=retrain_shadows,
-                                                               progress=progress) and ""))
+                                                               progress=progress, trust_code=True) and ""))
         log(f"[{label}] attack: {res.steps[-1].status}")
 
     if "epsilon" in steps and cfg.epsilon.sources:
@@ -104,7 +109,8 @@ def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: boo
         if epsilon_is_complete(run_dir, cfg.epsilon):
             res.steps.append(StepRecord("epsilon", "skipped (complete)"))
         else:
-            _timed(res.steps, "epsilon", lambda: str(run_epsilon(run_dir=run_dir, config=cfg.epsilon) and ""))
+            _timed(res.steps, "epsilon", lambda: str(run_epsilon(run_dir=run_dir, config=cfg.epsilon,
+                                                                       trust_code=True) and ""))
         log(f"[{label}] epsilon: {res.steps[-1].status}")
 
     if "transfer" in steps:
@@ -120,7 +126,8 @@ def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: boo
                 res.steps.append(StepRecord("transfer", "skipped (complete)"))
             else:
                 suite = load_suite(suite_path)
-                _timed(res.steps, "transfer", lambda: str(evaluate_transfer(run_dir=run_dir, suite=suite) and ""))
+                _timed(res.steps, "transfer", lambda: str(evaluate_transfer(run_dir=run_dir, suite=suite,
+                                                                                     trust_code=True) and ""))
                 _mark(run_dir, "transfer", _files_key(run_dir / "model.safetensors", suite_path,
                                                       run_dir / "transfer.json"))
         log(f"[{label}] transfer: {res.steps[-1].status}")

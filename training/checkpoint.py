@@ -71,18 +71,25 @@ def model_config_from_manifest(manifest: Manifest) -> ModelConfig:
                        normalize_mean=m.normalize_mean, normalize_std=m.normalize_std)
 
 
-def load_model_from_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "cpu"
-                        ) -> tuple[torch.nn.Module, Manifest]:
+def load_model_from_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "cpu",
+                        trust_code: bool = False) -> tuple[torch.nn.Module, Manifest]:
     """Rebuild the architecture named in the manifest and load its verified weights (eval mode).
 
+    Args:
+        run_dir: the run directory.
+        device: where the model goes.
+        trust_code: allow a manifest ``model.arch`` that is an import path (it is imported and called); only
+            when the user trusts who made the run directory (``--trust-code``).
+
     Raises:
+        UntrustedCodeError: the manifest names code to import and ``trust_code`` is False (nothing imported).
         CheckpointError: missing/corrupt manifest or weights, sha256 mismatch, or weights that do not fit.
     """
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     weights = verify_weights(run_dir, manifest)
     built = build_model(model_config_from_manifest(manifest), num_classes=manifest.model.num_classes,
-                        input_shape=tuple(manifest.model.input_shape))
+                        input_shape=tuple(manifest.model.input_shape), trust_code=trust_code)
     module = built.module
     state = load_safetensors(weights)
     try:

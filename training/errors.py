@@ -25,3 +25,8 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint, manifest or run directory is missing, corrupt or does not match."""
+
+
+class UntrustedCodeError(UserError):
+    """A config or run directory names code to import (``model.arch: package.module:factory``) and the caller
+    did not say it trusts whoever wrote it (``trust_code=True``, ``--trust-code``)."""

@@ -119,7 +119,7 @@ def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInf
 
 def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
           membership: np.ndarray | None = None, progress: bool | None = None, command: str | None = None,
-          stop_after: int | None = None, _debug_disable_noise: bool = False) -> TrainResult:
+          stop_after: int | None = None, trust_code: bool = False, _debug_disable_noise: bool = False) -> TrainResult:
     """Train one model as ``cfg`` says and write its run directory.
 
     Args:
@@ -132,6 +132,9 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         command: the command line, recorded in the provenance.
         stop_after: stop (with state saved) after this many steps (all phases together): simulates an
             interrupt in tests.
+        trust_code: allow ``model.arch`` (or a fine-tuning checkpoint's) to be an import path, which is
+            imported and called: True for the user's own config (``audit train``), False for a recipe read
+            from a run directory someone else made (reference models), unless the user said ``--trust-code``.
         _debug_disable_noise: TEST ONLY. Skips the DP noise while the manifest still claims DP: a planted bug
             that the white-box audit must catch.
 
@@ -180,7 +183,7 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
 
     device = resolve_device(tc.device)
     setup = RunSetup(cfg=cfg, pool=pool, members=members, delta=delta if pc.enabled else None, device=device,
-                     notes=notes)
+                     notes=notes, trust_code=trust_code)
     ctx = RunContext(run_dir=run_dir, config_sha=config_sha, seed=tc.seed, device=device, logger=None,
                      physical_batch_size=tc.physical_batch_size, log_every=tc.log_every,
                      checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, test=pool.test,

@@ -82,8 +82,12 @@ def _print_table(result: Any) -> None:
               help="how reference models train (default: attack.executor)")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="processes for --executor process")
 @click.option("--no-progress", is_flag=True, help="no progress messages")
+@click.option("--trust-code", is_flag=True,
+              help="allow the run directory to name code to import (model.arch 'package.module:factory'); "
+                   "only if you trust who made it (recorded in the results)")
 def command(run: str, config_path: str | None, variant: str | None, overrides: tuple[str, ...],
-            retrain_shadows: bool, executor: str | None, workers: int | None, no_progress: bool) -> None:
+            retrain_shadows: bool, executor: str | None, workers: int | None, no_progress: bool,
+            trust_code: bool) -> None:
     """Attack the run in RUN (LOSS, Attack-P, LiRA, RMIA, ...) and write RUN/attack.json and RUN/scores.npz."""
     from attacks.runner import run_attack
     from attacks.target import has_recipe
@@ -96,5 +100,6 @@ def command(run: str, config_path: str | None, variant: str | None, overrides: t
         config = config.model_copy(update={"attacks": REFERENCE_FREE, "evaluation": "target"})
         click.echo(f"note: {run} has no training recipe (config.yaml): running only {', '.join(REFERENCE_FREE)}",
                    err=True)
-    result = run_attack(run_dir=run, config=config, retrain_shadows=retrain_shadows, progress=not no_progress)
+    result = run_attack(run_dir=run, config=config, retrain_shadows=retrain_shadows, progress=not no_progress,
+                        trust_code=trust_code)
     _print_table(result)

@@ -53,15 +53,19 @@ def _counts(counts: dict) -> str:
               help="one-run guesses: top-k IN only, or also bottom-k OUT")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="experiment YAML whose 'epsilon' section supplies the defaults")
+@click.option("--trust-code", is_flag=True,
+              help="allow the run directory to name code to import (model.arch 'package.module:factory'); "
+                   "only if you trust who made it (recorded in the results)")
 def command(run_dir: str, alpha: float | None, sources: str | None, attack: str | None, guesses: str | None,
-            config_file: str | None) -> None:
+            config_file: str | None, trust_code: bool) -> None:
     """Lower-bound ε from attacks and canaries and judge the claim of RUN_DIR; writes RUN_DIR/epsilon.json."""
     from rich.console import Console
     from rich.table import Table
 
     from audit.epsilon.runner import run_epsilon
 
-    report = run_epsilon(run_dir=run_dir, config=_config(config_file, alpha, sources, attack, guesses))
+    report = run_epsilon(run_dir=run_dir, config=_config(config_file, alpha, sources, attack, guesses),
+                         trust_code=trust_code)
     table = Table(title=f"empirical ε for {report.run} (claimed ε = {_fmt(report.claimed_epsilon)}, "
                         f"δ = {report.delta:.1e})")
     for col in ("source", "method", "ε_lb", "ceiling", "α", "counts", "verdict"):

@@ -23,15 +23,19 @@ from audit.transfer.summary import SUMMARY_COLUMNS, summary_rows
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="feature cache folder (default: RUN_DIR/features)")
 @click.option("--quiet", is_flag=True, help="no progress lines")
+@click.option("--trust-code", is_flag=True,
+              help="allow the run directory to name code to import (model.arch 'package.module:factory'); "
+                   "only if you trust who made it (recorded in the results)")
 def command(run_dir: Path, suite_path: Path, overrides: tuple[str, ...], out_path: Path | None,
-            cache_dir: Path | None, quiet: bool) -> None:
+            cache_dir: Path | None, quiet: bool, trust_code: bool) -> None:
     """Linear probe, k-NN, fine-tuning and per-layer separation of RUN_DIR's model on a transfer suite."""
     from rich.console import Console
     from rich.table import Table
 
     suite = load_suite(suite_path, overrides)
     log = None if quiet else (lambda msg: click.echo(f"transfer: {msg}", err=True))
-    result = evaluate_transfer(run_dir=run_dir, suite=suite, out_path=out_path, cache_dir=cache_dir, log=log)
+    result = evaluate_transfer(run_dir=run_dir, suite=suite, out_path=out_path, cache_dir=cache_dir, log=log,
+                               trust_code=trust_code)
     table = Table(title=f"transfer: {result.data['run']['name']} on suite {suite.name}")
     for col in SUMMARY_COLUMNS:
         table.add_column(col, overflow="fold")

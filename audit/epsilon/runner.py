@@ -43,6 +43,7 @@ from audit.epsilon.thresholds import HeldOut
 from audit.epsilon.verdict import verdict as judge
 from training.io import read_json, sha256_bytes, sha256_file, write_json
 from training.manifest import Manifest, load_membership, read_manifest, verify_weights
+from training.trust import CodeTrust, require_code_trust
 
 __all__ = ["FORMAT", "EPSILON_FILE", "SourcedEstimate", "RunVerdict", "EpsilonReport", "run_epsilon",
            "epsilon_is_complete", "config_sha256", "k_grids", "claim_is_gaussian"]
@@ -104,13 +105,17 @@ class EpsilonReport:
     skipped: tuple[Skipped, ...]
     verdict: RunVerdict
     path: Path | None = None
+    code: CodeTrust | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "run": self.run, "inputs": dict(self.inputs),
-                "claimed_epsilon": self.claimed_epsilon, "delta": self.delta, "alpha": self.alpha,
-                "estimates": [e.to_dict() for e in self.estimates],
-                "skipped": [{"source": s.source, "reason": s.reason} for s in self.skipped],
-                "verdict": self.verdict.to_dict()}
+        out = {"format": FORMAT, "run": self.run, "inputs": dict(self.inputs),
+               "claimed_epsilon": self.claimed_epsilon, "delta": self.delta, "alpha": self.alpha,
+               "estimates": [e.to_dict() for e in self.estimates],
+               "skipped": [{"source": s.source, "reason": s.reason} for s in self.skipped],
+               "verdict": self.verdict.to_dict()}
+        if self.code is not None:
+            out["code"] = self.code.to_dict()
+        return out
 
 
 def config_sha256(config: EpsilonConfig) -> str:
@@ -143,11 +148,12 @@ def claim_is_gaussian(manifest: Manifest) -> bool:
 
 
 def _load_evidence(source: str, *, run_dir: Path, manifest: Manifest, membership: np.ndarray,
-                   config: EpsilonConfig) -> Evidence | Skipped:
+                   config: EpsilonConfig, trust_code: bool = False) -> Evidence | Skipped:
     if source == "pool":
         ev = pool_evidence(run_dir=run_dir, manifest=manifest, membership=membership, attack=config.attack)
     elif source == "input_canaries":
-        ev = input_canary_evidence(run_dir=run_dir, manifest=manifest, membership=membership, attack=config.attack)
+        ev = input_canary_evidence(run_dir=run_dir, manifest=manifest, membership=membership, attack=config.attack,
+                                   trust_code=trust_code)
     else:
         ev = gradient_canary_evidence(run_dir=run_dir, manifest=manifest)
     if isinstance(ev, Evidence) and (ev.m < 2 or ev.included.all() or not ev.included.any()):
@@ -215,23 +221,28 @@ def _verdict(claim: float, delta: float, ests: Sequence[SourcedEstimate], notes:
                       notes=tuple(lead + notes))
 
 
-def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, write: bool = True) -> EpsilonReport:
+def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, write: bool = True,
+                trust_code: bool = False) -> EpsilonReport:
     """Compute every configured ε lower bound for a run, judge the claim, and write ``<run_dir>/epsilon.json``.
 
     Args:
         run_dir: A run directory written by ``audit train`` (or ``audit import``).
         config: Sources, α and estimator settings (default :class:`~audit.config.EpsilonConfig`).
         write: Write ``epsilon.json`` atomically (the report's ``path`` is set then).
+        trust_code: allow the run to name code to import (``--trust-code``); checked before anything is read
+            and recorded in ``epsilon.json`` under ``code``.
 
     Returns:
         The :class:`EpsilonReport`.
 
     Raises:
+        UntrustedCodeError: the run names code to import and ``trust_code`` is False (nothing was run).
         UserError: missing or mismatching files (manifest, weights, membership, ``scores.npz`` when the pool source
             is configured), or a configured attack absent from ``scores.npz``.
     """
     config = config if config is not None else EpsilonConfig()
     run_dir = Path(run_dir)
+    code = require_code_trust(run_dir, trust_code=trust_code)
     manifest = read_manifest(run_dir)
     verify_weights(run_dir, manifest)
     membership = load_membership(run_dir, manifest)
@@ -262,7 +273,8 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
                                                       "n_models": config.multi_run_models,
                                                       "canary": config.multi_run_canary}) for e in res]
             continue
-        ev = _load_evidence(source, run_dir=run_dir, manifest=manifest, membership=membership, config=config)
+        ev = _load_evidence(source, run_dir=run_dir, manifest=manifest, membership=membership, config=config,
+                            trust_code=trust_code)
         (skipped if isinstance(ev, Skipped) else evidence).append(ev)
 
     plans = [(ev, _plan(ev, delta=delta, config=config, gaussian=gaussian)) for ev in evidence]
@@ -284,7 +296,7 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
                 "scores_sha256": sha256_file(scores_path) if scores_path.is_file() else None,
                 "config_sha256": config_sha256(config)},
         claimed_epsilon=claim, delta=delta, alpha=config.alpha, estimates=estimates, skipped=tuple(skipped),
-        verdict=_verdict(claim, delta, estimates, notes))
+        verdict=_verdict(claim, delta, estimates, notes), code=code)
     if write:
         path = write_json(run_dir / EPSILON_FILE, report.to_dict())
         report = dataclasses.replace(report, path=path)

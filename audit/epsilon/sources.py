@@ -209,9 +209,10 @@ def pool_evidence(*, run_dir: Path, manifest: Manifest, membership: np.ndarray, 
 
 
 def input_canary_evidence(*, run_dir: Path, manifest: Manifest, membership: np.ndarray,
-                          attack: str) -> Evidence | Skipped:
+                          attack: str, trust_code: bool = False) -> Evidence | Skipped:
     """The input canaries of ``manifest.data.canaries``: scores from ``scores.npz`` if it covers them all,
-    else the scaled logit of the target model (black-box LOSS ranking).
+    else the scaled logit of the target model (black-box LOSS ranking; ``trust_code`` as in
+    :func:`training.checkpoint.load_model_from_run`).
 
     Raises:
         UserError: the run's files do not match its manifest (config, pool fingerprint, weights).
@@ -242,13 +243,14 @@ def input_canary_evidence(*, run_dir: Path, manifest: Manifest, membership: np.n
                                 included=included, black_box=True,
                                 provenance={"scores": f"{SCORES_FILE}:score_{attack}", "attack": attack,
                                             "scores_sha256": sha, "kind": kind, "first_index": span[0]})
-    return Evidence(source="input_canaries", scores=_scaled_logits(run_dir, manifest, idx), included=included,
+    return Evidence(source="input_canaries", scores=_scaled_logits(run_dir, manifest, idx, trust_code=trust_code),
+                    included=included,
                     black_box=True,
                     provenance={"scores": "scaled logit of the target model (LOSS ranking), un-augmented query",
                                 "attack": "loss", "kind": kind, "first_index": span[0]})
 
 
-def _scaled_logits(run_dir: Path, manifest: Manifest, idx: np.ndarray) -> np.ndarray:
+def _scaled_logits(run_dir: Path, manifest: Manifest, idx: np.ndarray, *, trust_code: bool) -> np.ndarray:
     """φ of the verified target model on the rebuilt pool's examples ``idx``."""
     from attacks.signals import compute_signals
     from training.checkpoint import load_model_from_run
@@ -259,7 +261,7 @@ def _scaled_logits(run_dir: Path, manifest: Manifest, idx: np.ndarray) -> np.nda
     if pool.images.fingerprint() != manifest.data.pool_fingerprint:
         raise DataError(f"the pool rebuilt from {Path(run_dir) / CONFIG_FILE} does not match the manifest's "
                         "fingerprint: point data.root at the dataset the run was trained on")
-    model, _ = load_model_from_run(run_dir)
+    model, _ = load_model_from_run(run_dir, trust_code=trust_code)
     phi = compute_signals(model, pool.images.x[idx], pool.images.y[idx])
     return phi[:, 0].astype(np.float64)
 

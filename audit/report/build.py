@@ -35,6 +35,7 @@ from audit.report.model import (
     UtilitySection,
     Vulnerable,
 )
+from training.trust import code_in_run
 
 __all__ = ["ATTACK_INFO", "build_report", "commands_for", "strongest_attack"]
 
@@ -264,11 +265,32 @@ def provenance_section(run: RunFiles, commands: dict[str, str]) -> ProvenanceSec
     ]
     if run.attack is not None and run.attack.setup.recipe_hash:
         items.append(("attack recipe hash", run.attack.setup.recipe_hash))
+    items += code_items(run)
     cmds = []
     if run.config is not None:
         cmds.append(commands["train"])
     cmds += [commands["attack"], commands["epsilon"], commands["transfer"], commands["report"]]
     return ProvenanceSection(items=[(k, fmt.MISSING if v is None else str(v)) for k, v in items], commands=cmds)
+
+
+def code_items(run: RunFiles) -> list[tuple[str, str]]:
+    """Provenance rows: the code the run names (import-path ``model.arch`` fields) and whether the audit ran it.
+
+    "code trusted" lists the commands whose results were made with ``--trust-code``
+    (:mod:`training.trust`); without it no code named by the run directory was imported.
+    """
+    named = [str(ref) for ref in code_in_run(run.run_dir)]
+    trusted = [cmd for cmd, res in (("audit attack", run.attack), ("audit epsilon", run.epsilon),
+                                    ("audit transfer", run.transfer))
+               if res is not None and res.code is not None and res.code.trust_code]
+    if trusted:
+        verdict = f"yes: {', '.join(trusted)} ran with --trust-code"
+    elif named:
+        verdict = "no: the code it names was not run (--trust-code not given)"
+    else:
+        verdict = "no (not needed: the run names no code)"
+    return [("code named by the run", "; ".join(named) if named else "none (registered or timm architectures)"),
+            ("code trusted", verdict)]
 
 
 def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) -> Glance:

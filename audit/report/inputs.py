@@ -37,6 +37,7 @@ __all__ = [
     "ClassSlice",
     "AttackEntry",
     "AttackSetup",
+    "CodeRecord",
     "AttackFile",
     "Estimate",
     "Verdict",
@@ -126,6 +127,13 @@ class AttackSetup(_In):
     recipe_hash: str | None = None
 
 
+class CodeRecord(_In):
+    """``code`` in attack/epsilon/transfer results: whether ``--trust-code`` was given and what code the run named."""
+
+    trust_code: bool = False
+    names_code: list[str] = []
+
+
 class AttackFile(_In):
     """``attack.json`` (format ``dp-audit-attack/1``)."""
 
@@ -134,6 +142,7 @@ class AttackFile(_In):
     setup: AttackSetup = AttackSetup()
     attacks: dict[str, AttackEntry]
     utility: dict[str, float | None] = {}
+    code: CodeRecord | None = None
 
 
 class Estimate(_In):
@@ -170,6 +179,7 @@ class EpsilonFile(_In):
     alpha: float | None = None
     estimates: list[Estimate] = []
     verdict: Verdict
+    code: CodeRecord | None = None
 
     def claim(self, default: float) -> float:
         """The claimed epsilon the verdict used (top level, else the verdict's, else ``default``)."""
@@ -248,6 +258,7 @@ class TransferFile(_In):
 
     format: str = "dp-audit-transfer/1"
     datasets: dict[str, TransferDataset] = {}
+    code: CodeRecord | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -175,7 +175,7 @@ def distortion_trajectory(*, source_run_dir: str | os.PathLike[str], data: tuple
                           momentum: float = 0.0, delta: float | None = None,
                           accountant: Literal["prv", "rdp"] = "rdp", k: int = 20, temperature: float = 0.07,
                           physical_batch_size: int = 256, head_init: Literal["zero", "random"] = "zero",
-                          device: torch.device | str = "cpu") -> list[dict[str, Any]]:
+                          device: torch.device | str = "cpu", trust_code: bool = False) -> list[dict[str, Any]]:
     """DP-fine-tune a copy of a run's model and trace backbone k-NN accuracy and feature change over steps.
 
     Args:
@@ -197,6 +197,8 @@ def distortion_trajectory(*, source_run_dir: str | os.PathLike[str], data: tuple
         physical_batch_size: largest chunk per forward/backward pass.
         head_init: ``"zero"`` or ``"random"`` (seeded) initialisation of the new head.
         device: where to train.
+        trust_code: allow the run's manifest to name code to import (see
+            :func:`training.checkpoint.load_model_from_run`).
 
     Returns:
         One dict per recorded step (step 0 first) with keys :data:`TRAJECTORY_KEYS`: ``step`` (DP steps
@@ -212,7 +214,7 @@ def distortion_trajectory(*, source_run_dir: str | os.PathLike[str], data: tuple
     """
     from training.checkpoint import load_model_from_run
 
-    model, _manifest = load_model_from_run(source_run_dir, device=device)
+    model, _manifest = load_model_from_run(source_run_dir, device=device, trust_code=trust_code)
     return distortion_trajectory_model(model, data=data, strategy=strategy, steps=steps, lp_steps=lp_steps,
                                        noise_multiplier=noise_multiplier, batch_size=batch_size, lr=lr,
                                        eval_every=eval_every, seed=seed, max_grad_norm=max_grad_norm,

@@ -33,6 +33,7 @@ from audit.transfer.probes import linear_probe
 from audit.transfer.separability import separation_profile
 from audit.transfer.suite import TransferDataset, TransferSuite
 from training.checkpoint import load_model_from_run
+from training.trust import require_code_trust
 from training.data import ImageSet, limit_indices, load_dataset
 from training.errors import ConfigError, DataError, UserError
 from training.io import write_json
@@ -193,7 +194,7 @@ def _evaluate_dataset(model: torch.nn.Module, spec: TransferDataset, *, suite: T
 
 def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
                       out_path: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                      log: Log | None = None) -> TransferResult:
+                      log: Log | None = None, trust_code: bool = False) -> TransferResult:
     """Evaluate the checkpoint in ``run_dir`` on every dataset of ``suite``; write ``transfer.json``.
 
     Args:
@@ -202,18 +203,21 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
         out_path: where to write the result (default ``<run_dir>/transfer.json``).
         cache_dir: feature cache folder (default ``<run_dir>/features``).
         log: called with one line per stage (progress); None is silent.
+        trust_code: allow the run to name code to import (``--trust-code``); recorded under ``code``.
 
     Returns:
         :class:`TransferResult`; every dataset of the suite has a row, in suite order.
 
     Raises:
+        UntrustedCodeError: the run names code to import and ``trust_code`` is False (nothing was run).
         CheckpointError: the run directory, manifest or weights are missing or do not match.
         ConfigError: ``device: cuda`` without a GPU.
     """
     run_dir = Path(run_dir)
+    code = require_code_trust(run_dir, trust_code=trust_code)
     say: Log = log or (lambda _msg: None)
     device = resolve_device(suite.device)
-    model, manifest = load_model_from_run(run_dir, device=device)
+    model, manifest = load_model_from_run(run_dir, device=device, trust_code=trust_code)
     model_id = _model_id(manifest)
     image_size = int(suite.image_size or manifest.model.input_shape[1])
     cache = Path(cache_dir) if cache_dir is not None else run_dir / "features"
@@ -231,6 +235,7 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
         "suite": suite.model_dump(mode="json"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "datasets": rows,
+        "code": code.to_dict(),
     }
     path = Path(out_path) if out_path is not None else run_dir / "transfer.json"
     write_json(path, data)

@@ -5,6 +5,9 @@ Steps, each recorded in :attr:`BuiltModel.notes`:
 1. Create the network: a registry name (``small_cnn``, ``mlp``, ``resnet20_cifar``), any timm architecture
    (random weights, small-image defaults, see :mod:`training.models.timm_models`), or
    ``package.module:factory`` (called with ``num_classes=`` when it accepts it, then its output is checked).
+   An import path runs code (importing the module runs its top level; then the factory is called), so it is
+   refused unless the caller passes ``trust_code=True`` (see :func:`names_code`); registry and timm names
+   run no code from the config. timm's ``hf-hub:``/``local-dir:`` names are refused always (no downloads).
 2. Load ``model.pretrained`` (a local file, never a download) strictly into the network, *before* the
    BatchNorm fix when the file has BatchNorm statistics (affine weights carry over to GroupNorm) and before
    the ViT token move when it uses timm's names; our own ``model.safetensors`` (``net.``-prefixed) loads after.
@@ -36,7 +39,7 @@ import torch
 from torch import nn
 
 from training.config import ModelConfig
-from training.errors import ConfigError
+from training.errors import ConfigError, UntrustedCodeError
 from training.models.classifier import ImageClassifier, has_timm_protocol
 from training.models.opacus_compat import make_opacus_safe
 from training.models.dp_compat import (
@@ -51,7 +54,10 @@ from training.models.timm_models import create_timm_model, is_timm_model
 from training.models.vit_tokens import can_patch_vit_tokens, patch_vit_tokens
 from training.models.weights import key_mismatch, load_state_strict, load_weights_file, strip_prefix
 
-__all__ = ["BuiltModel", "build_model", "count_parameters", "create_network"]
+__all__ = ["BuiltModel", "build_model", "count_parameters", "create_network", "names_code", "TIMM_SOURCES"]
+
+#: timm's model-source prefixes (``hf-hub:org/name``, ``local-dir:/path``): they fetch configs and weights.
+TIMM_SOURCES = ("hf-hub", "local-dir")
 
 
 @dataclass
@@ -88,6 +94,26 @@ def _seeded(seed: int | None) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+def names_code(arch: str) -> bool:
+    """Whether building ``model.arch`` would import and call code named by it (an import path).
+
+    >>> names_code("small_cnn"), names_code("resnet18.a1_in1k"), names_code("os:system")
+    (False, False, True)
+    """
+    return ":" in str(arch)
+
+
+def _check_import_path(arch: str, *, trust_code: bool) -> None:
+    """Refuse timm hub/folder names always and import paths unless ``trust_code`` (before any import)."""
+    source = arch.partition(":")[0]
+    if source in TIMM_SOURCES:
+        raise ConfigError(f"model.arch {arch!r} asks timm to fetch a model from {source}; dp-audit never downloads: "
+                          f"give the timm name (e.g. 'resnet18') and a local weights file in model.pretrained")
+    if not trust_code:
+        raise UntrustedCodeError(f"model.arch = {arch!r} names code to import; refusing to run it. Pass "
+                                 f"trust_code=True (--trust-code) only if you trust whoever wrote this config")
 
 
 def _import_factory(path: str) -> Any:
@@ -153,9 +179,12 @@ def _last_linear(net: nn.Module, input_shape: tuple[int, int, int]) -> str:
                       "timm's forward_features/forward_head/get_classifier/reset_classifier")
 
 
-def create_network(cfg: ModelConfig, *, num_classes: int,
-                   input_shape: tuple[int, int, int]) -> tuple[nn.Module, str | None, list[str]]:
-    """Step 1 of :func:`build_model`: (network, head_name or None for timm's protocol, notes)."""
+def create_network(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, int, int],
+                   trust_code: bool = False) -> tuple[nn.Module, str | None, list[str]]:
+    """Step 1 of :func:`build_model`: (network, head_name or None for timm's protocol, notes).
+
+    ``trust_code``: allow an import-path ``cfg.arch`` (see :func:`build_model`).
+    """
     arch, kwargs = cfg.arch, dict(cfg.kwargs)
     if arch in MODELS:
         allowed = MODELS.allowed_kwargs(arch)
@@ -167,7 +196,8 @@ def create_network(cfg: ModelConfig, *, num_classes: int,
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"model.kwargs for {arch!r} are invalid: {exc}") from None
         return net, None, []
-    if ":" in arch:
+    if names_code(arch):
+        _check_import_path(arch, trust_code=trust_code)
         net, notes = _call_factory(arch, num_classes, kwargs)
         if not has_timm_protocol(net):
             return net, _last_linear(net, input_shape), notes
@@ -211,7 +241,7 @@ def _check_runs(model: ImageClassifier, *, arch: str, num_classes: int, input_sh
 
 
 def build_model(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, int, int],
-                seed: int | None = None) -> BuiltModel:
+                seed: int | None = None, trust_code: bool = False) -> BuiltModel:
     """Build the model described by ``cfg`` (see the module docstring for the steps).
 
     Args:
@@ -220,11 +250,15 @@ def build_model(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, i
         input_shape: (C, H, W) of the float input in [0, 1].
         seed: seeds the random initialisation (inside this call only; torch's global RNG is restored);
             None uses the current global RNG.
+        trust_code: allow ``cfg.arch`` to be an import path ``package.module:factory``, which imports the
+            module and calls the factory. Pass True only for configs the user wrote (``audit train``), never
+            for one read from a run directory someone else made, unless the user said so (``--trust-code``).
 
     Returns:
         :class:`BuiltModel` with the module in training mode.
 
     Raises:
+        UntrustedCodeError: ``cfg.arch`` is an import path and ``trust_code`` is False (nothing was imported).
         ConfigError: unknown architecture, bad kwargs or normalisation, a model that cannot take the input,
             or a ``freeze`` pattern matching nothing.
         CheckpointError: the pretrained file is missing, corrupt or does not match the network.
@@ -244,7 +278,8 @@ def build_model(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, i
         raise ConfigError(f"model.normalize_mean has {len(mean)} channels but the input has {input_shape[0]}")
 
     with _seeded(seed):
-        net, head_name, notes = create_network(cfg, num_classes=num_classes, input_shape=input_shape)
+        net, head_name, notes = create_network(cfg, num_classes=num_classes, input_shape=input_shape,
+                                               trust_code=trust_code)
         state = load_weights_file(cfg.pretrained) if cfg.pretrained else None
         if state is not None:
             state = strip_prefix(state, "net.")  # our own model.safetensors files

@@ -40,6 +40,8 @@ class RunSetup:
         delta: δ of the claim (None without DP).
         device: where to train.
         notes: caveats for the manifest (recipes add theirs).
+        trust_code: whether an import-path ``model.arch`` may be imported and called (see
+            :func:`training.models.build_model`).
     """
 
     cfg: TrainConfig
@@ -48,6 +50,7 @@ class RunSetup:
     delta: float | None
     device: torch.device
     notes: list[str] = field(default_factory=list)
+    trust_code: bool = False
 
     @property
     def n(self) -> int:

@@ -78,7 +78,8 @@ class ContinualRecipe:
             raise ConfigError(f"the public batch ({public_batch}) is larger than the {len(self.public.train)} public "
                               "images; set training.continual.public_batch_size")
         self.public_classes = len(self.public.train.classes)
-        built = build_model(cfg.model, num_classes=self.public_classes, input_shape=setup.input_shape, seed=tc.seed)
+        built = build_model(cfg.model, num_classes=self.public_classes, input_shape=setup.input_shape, seed=tc.seed,
+                            trust_code=setup.trust_code)
         self.model = built.module.to(setup.device)
         self.model_cfg = cfg.model
         self.model_notes = list(built.notes)

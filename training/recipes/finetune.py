@@ -105,7 +105,8 @@ class FinetuneRecipe:
         if shape is not None and tuple(shape) != setup.input_shape:
             raise DataError(f"the checkpoint was trained on {tuple(shape)} inputs but the data are "
                             f"{setup.input_shape}; set data.image_size: {shape[1]}")
-        built = build_model(model_cfg, num_classes=setup.num_classes, input_shape=setup.input_shape, seed=tc.seed)
+        built = build_model(model_cfg, num_classes=setup.num_classes, input_shape=setup.input_shape, seed=tc.seed,
+                            trust_code=setup.trust_code)
         model = built.module.to(setup.device)
         same = _same_head(model, model_cfg, self.source)
         if ft.head_init == "keep" and not same:

@@ -22,7 +22,8 @@ class StandardRecipe:
     def __init__(self, setup: RunSetup, ctx: RunContext) -> None:
         cfg = setup.cfg
         tc, pc = cfg.training, cfg.privacy
-        built = build_model(cfg.model, num_classes=setup.num_classes, input_shape=setup.input_shape, seed=tc.seed)
+        built = build_model(cfg.model, num_classes=setup.num_classes, input_shape=setup.input_shape, seed=tc.seed,
+                            trust_code=setup.trust_code)
         self.model = built.module.to(setup.device)
         self.model_cfg = cfg.model
         self.model_notes = list(built.notes)
