@@ -108,8 +108,10 @@ def create_timm_model(name: str, *, num_classes: int, input_shape: tuple[int, in
     args.update(kwargs)
     try:
         net = timm.create_model(name, pretrained=False, num_classes=num_classes, **args)
-    except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as exc:
+        # a string layer option (act_layer, norm_layer, ...) that is not in timm's name tables is a KeyError
+        reason = f"unknown name {exc}" if isinstance(exc, KeyError) else (" ".join(str(exc).split())[:300]
+                                                                          or type(exc).__name__)
         raise ConfigError(f"timm could not build {name!r} with kwargs {dict(kwargs)} ({reason}); "
                           f"check model.kwargs") from None
     if small and isinstance(net, ResNet):
