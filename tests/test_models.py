@@ -60,7 +60,7 @@ NUM_CLASSES = 5
 def _build(case: str, **overrides):
     arch, kwargs, shape = CASES[case]
     cfg = ModelConfig(arch=arch, kwargs=kwargs, **overrides)
-    return build_model(cfg, num_classes=NUM_CLASSES, input_shape=shape, seed=0), shape
+    return build_model(cfg, num_classes=NUM_CLASSES, input_shape=shape, seed=0, trust_code=True), shape
 
 
 def _batch(shape, n=3, *, dtype=torch.float64, seed=1):
@@ -132,7 +132,7 @@ def test_unknown_arch_is_config_error_listing_alternatives():
 ])
 def test_bad_configs_raise_one_line_config_errors(cfg, match):
     with pytest.raises(ConfigError, match=match) as exc:
-        build_model(cfg, num_classes=3, input_shape=(3, 8, 8))
+        build_model(cfg, num_classes=3, input_shape=(3, 8, 8), trust_code=True)  # the test's own configs
     assert "\n" not in str(exc.value)
 
 
@@ -422,7 +422,7 @@ def test_import_path_factory_matches_registry_names():
 def test_import_path_without_timm_protocol_uses_its_final_linear():
     pytest.importorskip("torchvision")
     built = build_model(ModelConfig(arch="torchvision.models:resnet18"), num_classes=3, input_shape=(3, 16, 16),
-                        seed=0)
+                        seed=0, trust_code=True)
     model = built.module
     assert model.head_name == "fc" and model.head is model.net.fc
     x = torch.rand(2, 3, 16, 16)
