@@ -249,3 +249,18 @@ def test_shadow_dir_name_matches_the_attacks_package() -> None:
     from training import trust
 
     assert trust._SHADOW_DIR == SHADOW_DIR
+
+
+def test_the_reported_os_system_manifest_is_refused_before_anything_runs(run, tmp_path) -> None:
+    """The issue's case: manifest.json says model.arch 'os:system' with kwargs; auditing used to call it."""
+    run_dir, _ = run
+    marker = tmp_path / "os_system_ran"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["model"].update(arch="os:system", kwargs={"command": f"touch {marker}"})
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    res = CliRunner().invoke(main, ["attack", str(run_dir), *ATTACK_NO_SHADOWS])
+    assert res.exit_code == 2 and not marker.exists()
+    assert "(model.arch = 'os:system' in manifest.json and 1 more)" in res.output
+    trusted = CliRunner().invoke(main, ["attack", str(run_dir), *ATTACK_NO_SHADOWS, "--trust-code"])
+    assert trusted.exit_code == 2 and "returned int, not a torch.nn.Module" in trusted.output
+    assert marker.exists()  # with the flag the named code does run: the flag is the only gate
