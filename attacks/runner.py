@@ -36,9 +36,10 @@ from attacks.results import ATTACK_SPECS, configured_attack, evaluate_scores, lo
 from attacks.shadows import ShadowSet, prepare_shadows
 from attacks.signals import AugmentationSpec
 from attacks.signal_cache import Signals, load_or_compute_signals
-from attacks.shadow_train import accuracy, resolve_device
+from attacks.shadow_train import resolve_device
 from attacks.target import TargetRun, load_target
 from training.errors import CheckpointError, UserError
+from training.evaluate import accuracy
 from training.io import read_json, sha256_bytes, write_json, write_npz
 
 __all__ = ["ATTACK_FORMAT", "AttackSettings", "AttackResult", "run_attack", "attack_is_complete",

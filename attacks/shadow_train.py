@@ -34,13 +34,13 @@ from training import __version__
 from training.config import TrainConfig, dump_config
 from training.data import ImageSet, to_float_tensor
 from training.errors import ConfigError, UserError
+from training.evaluate import accuracy
 from training.io import save_safetensors, sha256_bytes, sha256_file, write_json, write_npy, write_text
 from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
                                write_manifest)
 from training.models import build_model, count_parameters
 
-__all__ = ["Executor", "resolve_executor", "resolve_device", "train_shadow_models", "write_batched_run",
-           "accuracy"]
+__all__ = ["Executor", "resolve_executor", "resolve_device", "train_shadow_models", "write_batched_run"]
 
 Executor = Literal["auto", "batched", "sequential", "process"]
 EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "process")
@@ -74,22 +74,6 @@ def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int, 
     if reason is None:
         return "batched"
     return "process" if workers > 1 else "sequential"
-
-
-@torch.no_grad()
-def accuracy(model: torch.nn.Module, images: ImageSet | None, *, device: torch.device,
-             batch_size: int = 512) -> float | None:
-    """Top-1 accuracy of ``model`` on ``images`` (None when there are none)."""
-    if images is None or len(images) == 0:
-        return None
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for i in range(0, len(images), batch_size):
-        xb = to_float_tensor(images.x[i:i + batch_size]).to(device)
-        correct += int((model(xb).argmax(1).cpu() == torch.from_numpy(np.array(images.y[i:i + batch_size]))).sum())
-    model.train(was_training)
-    return correct / len(images)
 
 
 def _versions() -> dict[str, str | None]:

@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks.shadow_train import accuracy, resolve_device
+from attacks.shadow_train import resolve_device
 from attacks.target import IMPORT_FILE, IMPORT_FORMAT, combine_import_sets, load_source
 from training import __version__
 from training.config import ModelConfig
 from training.data import concat_sets
 from training.errors import CheckpointError, ConfigError, DataError
+from training.evaluate import accuracy
 from training.io import save_safetensors, sha256_file, write_json, write_npy
 from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PrivacyInfo, Provenance,
                                write_manifest)

@@ -18,7 +18,8 @@ from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import load_safetensors, sha256_file
 from training.manifest import load_membership, read_manifest, verify_weights
 from training.pool import draw_membership
-from training.trainer import evaluate_accuracy, train
+from training.evaluate import accuracy
+from training.trainer import train
 
 TINY = {
     "name": "tiny",
@@ -69,7 +70,7 @@ def test_run_directory_is_complete_and_verifiable(tmp_path):
     from training.pool import build_pool
 
     pool = build_pool(tiny(tmp_path))
-    acc = evaluate_accuracy(model, pool.test.x, pool.test.y, device=torch.device("cpu"))
+    acc = accuracy(model, pool.test, device=torch.device("cpu"))
     assert acc == pytest.approx(res.metrics["test_accuracy"])
 
 

@@ -36,9 +36,10 @@ from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
 from training.recipes import RECIPES, RunSetup
-from training.recipes.runner import INIT_WEIGHTS_FILE, RdpCurve, RunContext, evaluate_accuracy, run_phases, step_seed
+from training.evaluate import accuracy
+from training.recipes.runner import INIT_WEIGHTS_FILE, RdpCurve, RunContext, run_phases, step_seed
 
-__all__ = ["TrainResult", "RdpCurve", "train", "resolve_device", "evaluate_accuracy", "step_seed"]
+__all__ = ["TrainResult", "RdpCurve", "train", "resolve_device", "step_seed"]
 
 
 @dataclass(frozen=True)
@@ -204,8 +205,8 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         ctx.logger.close()
     wall = time.perf_counter() - t0
 
-    test_acc = evaluate_accuracy(model, pool.test.x, pool.test.y, device=device) if pool.test is not None else None
-    train_acc = evaluate_accuracy(model, pool.images.x[members], pool.images.y[members], device=device)
+    test_acc = accuracy(model, pool.test, device=device)
+    train_acc = accuracy(model, pool.images.subset(members), device=device)
     phases = recipe.phase_infos(ctx.completed)
     privacy = _privacy_info(pc, phases, delta, notes)
     extra = recipe.metrics(ctx.completed)

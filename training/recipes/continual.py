@@ -31,6 +31,7 @@ from torch import nn
 
 from training.config import PrivacyConfig
 from training.errors import ConfigError
+from training.evaluate import mean_loss
 from training.hessian import decelerator, model_hessian_trace
 from training.manifest import PhaseInfo
 from training.models import build_model
@@ -38,7 +39,7 @@ from training.recipes.common import (RunSetup, calibrate_sigma, held_out_batch, 
                                      phase_seed)
 from training.recipes.phases import PhaseSpec
 from training.recipes.public import load_public
-from training.recipes.runner import NextPhase, RunContext, evaluate_loss, step_seed
+from training.recipes.runner import NextPhase, RunContext, step_seed
 from training.recipes.switch import Evaluation, rule_from_config
 
 __all__ = ["ContinualRecipe"]
@@ -125,7 +126,7 @@ class ContinualRecipe:
     def _evaluate(self, step: int, model: nn.Module) -> Evaluation:
         device = self.setup.device
         if self.cc.switch == "plateau":
-            loss = evaluate_loss(model, self.public.val.x, self.public.val.y, device=device)
+            loss = mean_loss(model, self.public.val, device=device)
             self.ctx.logger.scalar("continual/public_val_loss", loss, self.ctx.global_step)
             return Evaluation(step=step, value=loss)
         hc = self.cfg.training.hessian

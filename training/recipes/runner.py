@@ -25,12 +25,13 @@ from torch import nn
 from training.checkpoint import save_state
 from training.data import ImageSet, to_float_tensor
 from training.dp.engine import Stepper, StepStats, make_stepper
+from training.evaluate import accuracy
 from training.hessian import HessianMonitor
 from training.io import save_safetensors
 from training.recipes.phases import PhaseSpec, carry_optimizer_state, set_trainable
 
 __all__ = ["RunContext", "PhaseResult", "NextPhase", "run_phase", "run_phases", "step_seed", "trainable_names",
-           "evaluate_accuracy", "evaluate_loss", "RdpCurve", "INIT_WEIGHTS_FILE"]
+           "RdpCurve", "INIT_WEIGHTS_FILE"]
 
 INIT_WEIGHTS_FILE = "model_init.safetensors"
 NOISE_STREAM = 1
@@ -172,39 +173,6 @@ class NextPhase:
     write_init: bool = False
 
 
-@torch.no_grad()
-def evaluate_accuracy(model: nn.Module, x_u8: np.ndarray, y: np.ndarray, *, device: torch.device,
-                      batch_size: int = 512) -> float:
-    """Top-1 accuracy of ``model`` on uint8 NHWC images (nan for an empty set)."""
-    if len(y) == 0:
-        return float("nan")
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for i in range(0, len(y), batch_size):
-        xb = to_float_tensor(x_u8[i:i + batch_size]).to(device)
-        correct += int((model(xb).argmax(1).cpu() == torch.from_numpy(np.array(y[i:i + batch_size]))).sum())
-    model.train(was_training)
-    return correct / len(y)
-
-
-@torch.no_grad()
-def evaluate_loss(model: nn.Module, x_u8: np.ndarray, y: np.ndarray, *, device: torch.device,
-                  batch_size: int = 512) -> float:
-    """Mean cross-entropy of ``model`` on uint8 NHWC images (nan for an empty set)."""
-    if len(y) == 0:
-        return float("nan")
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    for i in range(0, len(y), batch_size):
-        xb = to_float_tensor(x_u8[i:i + batch_size]).to(device)
-        yb = torch.from_numpy(np.array(y[i:i + batch_size], dtype=np.int64)).to(device)
-        total += float(nn.functional.cross_entropy(model(xb), yb, reduction="sum"))
-    model.train(was_training)
-    return total / len(y)
-
-
 def _loggable(stats: StepStats) -> StepStats:
     """Stats with None replaced by NaN (a non-DP phase, an empty Poisson batch): the logger skips NaN."""
     nan = float("nan")
@@ -280,9 +248,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
                           "sigma": float(spec.sigma) if spec.dp else None, "sample_rate": spec.sample_rate,
                           "steps": done, "reason": end or "steps", "frozen": frozen}
             _log_step(ctx, spec, stepper, stats, done=done, force=record is not None)
-            if ctx.test is not None and ctx.eval_every and g % ctx.eval_every == 0:
-                ctx.logger.scalar("test/accuracy", evaluate_accuracy(stepper.base_model, ctx.test.x, ctx.test.y,
-                                                                     device=ctx.device), g)
+            if ctx.test is not None and len(ctx.test) and ctx.eval_every and g % ctx.eval_every == 0:
+                ctx.logger.scalar("test/accuracy", accuracy(stepper.base_model, ctx.test, device=ctx.device), g)
             if record is not None:
                 ctx.completed.append(record)
             if g % ctx.checkpoint_every == 0 or record is not None or ctx.stopped():
