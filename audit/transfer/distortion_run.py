@@ -4,8 +4,8 @@ Kumar et al., "Fine-Tuning can Distort Pretrained Features and Underperform Out-
 show that full fine-tuning with a fresh head moves pretrained features more than linear probing first
 (LP-FT); Ke et al., "On the Convergence of Differentially-Private Fine-tuning: To Linearly Probe or to Fully
 Fine-tune?" (2024) compare DP-FFT with DP-LP-FFT under DP-SGD. This module fine-tunes a copy of a source checkpoint
-with the DP step engine (:func:`training.dp.engine.make_stepper`) on a downstream training split and, every
-``eval_every`` steps, records
+with the project's one DP fine-tuning loop (:func:`training.recipes.finetune.finetune`, the loop of ``audit
+train``'s ``finetune`` recipe) on a downstream training split and, every ``eval_every`` steps, records
 
 * the k-NN test accuracy of the **backbone** features (``forward_features``; the downstream training
   features at that step are the k-NN bank, see :mod:`audit.transfer.knn`), and
@@ -14,13 +14,13 @@ with the DP step engine (:func:`training.dp.engine.make_stepper`) on a downstrea
 
 Strategies: ``"fft"`` trains head and backbone from step 0; ``"lp_fft"`` first trains only the head for
 ``lp_steps`` steps (backbone frozen: its features stay exactly the same), then everything for the remaining
-``steps - lp_steps``. The head is replaced by one for the downstream classes
-(:func:`audit.transfer.finetune.replace_head`), zero-initialised (``head_init="zero"``) or drawn like
-``nn.Linear``'s default, ``U(-1/sqrt(d), 1/sqrt(d))`` from the seed (``"random"``, the misaligned head of
-Kumar et al.; with a zero head the first backbone gradients vanish and only DP noise moves the backbone).
-Both phases use Poisson sampling at ``q = batch_size / n``, per-example clipping at ``max_grad_norm`` and
-Gaussian noise ``noise_multiplier``; the epsilon reported in each row is that of all DP steps taken so far
-(one downstream example is the privacy unit).
+``steps - lp_steps``, each phase with a fresh optimizer and its own batch sampler. The head is replaced by one
+for the downstream classes (:func:`training.recipes.finetune.new_head`), zero-initialised (``head_init="zero"``)
+or the model's own fresh classifier drawn from the seed (``"random"``, e.g. ``nn.Linear``'s default
+``U(-1/sqrt(d), 1/sqrt(d))``: the misaligned head of Kumar et al.; with a zero head the first backbone gradients
+vanish and only DP noise moves the backbone). Both phases use Poisson sampling at ``q = batch_size / n``,
+per-example clipping at ``max_grad_norm`` and Gaussian noise ``noise_multiplier``; the epsilon reported in each
+row is that of all DP steps taken so far (one downstream example is the privacy unit).
 """
 
 from __future__ import annotations
@@ -35,13 +35,12 @@ from torch import nn
 
 from audit.transfer.distortion import feature_distortion
 from audit.transfer.features import FINAL_LAYER, extract_features
-from audit.transfer.finetune import replace_head
 from training.accounting import DPPhase, default_delta, epsilon_for
 from training.config import OptimConfig, PrivacyConfig
-from training.data import ImageSet, to_float_tensor
-from training.dp.engine import make_stepper
-from training.dp.sampling import PoissonSampler
+from training.data import ImageSet
 from training.errors import DataError
+from training.recipes.budget import PhaseBudget
+from training.recipes.finetune import finetune, finetune_phases, new_head
 
 __all__ = ["TRAJECTORY_KEYS", "distortion_trajectory", "distortion_trajectory_model"]
 
@@ -56,17 +55,6 @@ def _check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(value)
-
-
-def _init_head(params: list[nn.Parameter], how: str, seed: int) -> None:
-    if how == "zero":
-        return
-    gen = torch.Generator().manual_seed(seed)
-    weight = next(p for p in params if p.ndim == 2)
-    bound = 1.0 / float(np.sqrt(weight.shape[1]))
-    with torch.no_grad():
-        for p in params:
-            p.copy_((torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1).mul(bound).to(p))
 
 
 def _backbone_features(model: nn.Module, images: np.ndarray, device: torch.device) -> np.ndarray:
@@ -113,22 +101,15 @@ def distortion_trajectory_model(model: nn.Module, *, data: tuple[ImageSet, Image
     batch = min(batch_size, n)
     q = batch / n
     delta = float(delta) if delta is not None else float(default_delta(n))
-    ss = np.random.SeedSequence(int(seed))
-    sampler_seed, noise_seed, head_seed = (int(v) for v in ss.generate_state(3))
-    sampler = PoissonSampler(n, q, sampler_seed)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(noise_seed)
-
+    run_seed, _, head_seed = (int(v) for v in np.random.SeedSequence(int(seed)).generate_state(3))
     net = copy.deepcopy(model)
-    head = replace_head(net, len(train.classes))
-    _init_head(head, head_init, head_seed)
-    head_ids = {id(p) for p in head}
+    head = new_head(net, len(train.classes), init=head_init, seed=head_seed)
     net = net.to(device).train()
     f0_tr = _backbone_features(net, train.x, device)
     f0_te = _backbone_features(net, test.x, device)
     rows: list[dict[str, Any]] = []
 
-    def record(step: int, phase: str) -> None:
+    def record(step: int, phase: str, net: nn.Module) -> None:
         f_tr = _backbone_features(net, train.x, device)
         f_te = _backbone_features(net, test.x, device)
         res = feature_distortion(train_features=[f0_tr, f_tr], train_labels=train.y, test_features=[f0_te, f_te],
@@ -146,26 +127,20 @@ def distortion_trajectory_model(model: nn.Module, *, data: tuple[ImageSet, Image
                      "relative_change_train": res.relative_change_train[1],
                      "relative_change_test": res.relative_change_test[1], "epsilon": eps})
 
-    record(0, "start")
-    phases = [("lp", lp_steps), ("fft", steps - lp_steps)] if strategy == "lp_fft" else [("fft", steps)]
-    privacy = PrivacyConfig(enabled=True, noise_multiplier=float(noise_multiplier), max_grad_norm=max_grad_norm,
-                            accountant=accountant)
-    optim = OptimConfig(name="sgd", lr=lr, momentum=momentum)
-    done = 0
-    for phase, n_steps in phases:
-        for p in net.parameters():
-            p.requires_grad_(phase == "fft" or id(p) in head_ids)
-        stepper = make_stepper(model=net, privacy=privacy, optim=optim, sample_rate=q, expected_batch_size=q * n,
-                               total_steps=n_steps, noise_multiplier=float(noise_multiplier),
-                               physical_batch_size=physical_batch_size, generator=generator, device=device)
-        for _ in range(n_steps):
-            idx = sampler.indices(done)
-            stepper.step(to_float_tensor(train.x[idx]).to(device),
-                         torch.as_tensor(train.y[idx], dtype=torch.long, device=device))
-            done += 1
-            if done % eval_every == 0 or done == steps:
-                record(done, phase)
-        net = stepper.close()
+    record(0, "start", net)
+    sigma = float(noise_multiplier)
+    plan = ([PhaseBudget(name="lp", steps=lp_steps, noise_multiplier=sigma)] if strategy == "lp_fft" else []) + [
+        PhaseBudget(name="fft", steps=steps - lp_steps, noise_multiplier=sigma)]
+    privacy = PrivacyConfig(enabled=True, noise_multiplier=sigma, max_grad_norm=max_grad_norm, accountant=accountant)
+    phases = finetune_phases(plan, head=head, backbone=[name for name, _ in net.named_parameters()], x=train.x,
+                             y=train.y, dataset=train.name, batch_size=batch, privacy=privacy,
+                             optim=OptimConfig(name="sgd", lr=lr, momentum=momentum), seed=run_seed)
+
+    def on_step(done: int, phase: str, _stats: Any, trained: nn.Module) -> None:
+        if done % eval_every == 0 or done == steps:
+            record(done, phase, trained)
+
+    finetune(net, phases, seed=run_seed, device=device, physical_batch_size=physical_batch_size, on_step=on_step)
     return rows
 
 

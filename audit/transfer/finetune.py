@@ -1,9 +1,9 @@
 """Fine-tuning transfer protocol: a new head on the downstream classes, trained non-privately or with DP.
 
 The checkpoint is copied, its classifier replaced by a zero-initialised head for the downstream classes
-(``reset_classifier``; a zero head is the usual start for DP fine-tuning, e.g. De et al. 2022, and needs no
-random draw), and the copy is trained for ``steps`` logical steps on the downstream training split with
-SGD, using the same step engine as ``audit train`` (:func:`training.dp.engine.make_stepper`):
+(a zero head is the usual start for DP fine-tuning, e.g. De et al. 2022, and needs no random draw), and the copy
+is trained for ``steps`` logical steps on the downstream training split with SGD by the project's one DP
+fine-tuning loop (:func:`training.recipes.finetune.finetune`, the loop ``audit train``'s ``finetune`` recipe runs):
 
 * non-DP: batches of ``batch_size`` from seeded shuffles (epochs without replacement);
 * DP: Poisson sampling at rate ``q = batch_size / n``, per-example clipping at ``max_grad_norm`` and Gaussian
@@ -11,8 +11,9 @@ SGD, using the same step engine as ``audit train`` (:func:`training.dp.engine.ma
   named in the protocol), or the ``noise_multiplier`` given; the epsilon actually spent is recomputed and
   reported. The guarantee covers the downstream training split only (the unit is one downstream example).
 
-``train_backbone: false`` freezes everything except the new head (DP linear probing). The test accuracy of
-the fine-tuned copy is reported with its binomial confidence interval; the checkpoint itself is untouched.
+``train_backbone: false`` trains only the new head (a DP linear-probing phase, ``lp``); otherwise everything
+(``fft``). The test accuracy of the fine-tuned copy (:func:`training.evaluate.predict`) is reported with its
+binomial confidence interval; the checkpoint itself is untouched.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from audit.transfer.metrics import AccuracyEstimate, accuracy_estimate
 from audit.transfer.suite import FinetuneProtocol
 from training.accounting import DPPhase, default_delta, epsilon_for, noise_multiplier_for
 from training.config import OptimConfig, PrivacyConfig
-from training.data import ImageSet, to_float_tensor
-from training.dp.engine import make_stepper
-from training.dp.sampling import PoissonSampler, ShuffleSampler
-from training.errors import UserError
+from training.data import ImageSet
+from training.evaluate import predict
+from training.recipes.budget import PhaseBudget
+from training.recipes.finetune import finetune, finetune_phases, new_head
 
-__all__ = ["FinetuneResult", "classifier_of", "replace_head", "predict", "finetune_evaluate"]
+__all__ = ["FinetuneResult", "finetune_evaluate"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,54 +61,6 @@ class FinetuneResult:
         out["accuracy"] = self.accuracy.to_dict()
         out["notes"] = list(self.notes)
         return out
-
-
-def classifier_of(model: nn.Module) -> nn.Module:
-    """The final classifier layer: timm's ``get_classifier()`` or the ``head`` of an ``ImageClassifier``.
-
-    Raises:
-        UserError: if the model exposes neither.
-    """
-    getter = getattr(model, "get_classifier", None)
-    head = getter() if callable(getter) else getattr(model, "head", None)
-    if not isinstance(head, nn.Module):
-        raise UserError(f"{type(model).__name__} exposes no classifier (get_classifier() or .head): it cannot be "
-                        "fine-tuned on new classes; build it through training.models")
-    return head
-
-
-def replace_head(model: nn.Module, num_classes: int) -> list[nn.Parameter]:
-    """Give ``model`` a zero-initialised classifier for ``num_classes`` outputs; return the head's parameters.
-
-    Uses the timm-style ``reset_classifier`` the models expose.
-
-    Raises:
-        UserError: if the model has no ``reset_classifier`` or no classifier to find.
-    """
-    if not callable(getattr(model, "reset_classifier", None)):
-        raise UserError(f"{type(model).__name__} has no reset_classifier(): it cannot be fine-tuned on new "
-                        "classes; build it through training.models")
-    model.reset_classifier(num_classes)
-    head = list(classifier_of(model).parameters())
-    with torch.no_grad():
-        for p in head:
-            p.zero_()
-    return head
-
-
-@torch.no_grad()
-def predict(model: nn.Module, images: np.ndarray, *, device: torch.device | str, batch_size: int = 256) -> np.ndarray:
-    """Arg-max class of ``model`` (eval mode) for uint8 (N, H, W, 3) images."""
-    was_training = model.training
-    model.eval()
-    out = []
-    try:
-        for start in range(0, len(images), batch_size):
-            xb = to_float_tensor(np.asarray(images[start:start + batch_size])).to(device)
-            out.append(model(xb).argmax(dim=1).cpu().numpy())
-    finally:
-        model.train(was_training)
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def _int_seed(seed: np.random.SeedSequence | int, stream: int) -> int:
@@ -142,15 +95,6 @@ def finetune_evaluate(model: nn.Module, train: ImageSet, test: ImageSet, *, prot
         notes.append(f"batch_size {batch} > {n} training examples: using {n}")
         batch = n
     q = batch / n
-    net = copy.deepcopy(model)
-    head = replace_head(net, len(train.classes))
-    net = net.to(device).train()
-    if not protocol.train_backbone:
-        head_ids = {id(p) for p in head}
-        for p in net.parameters():
-            p.requires_grad_(id(p) in head_ids)
-    trainable = int(sum(p.numel() for p in net.parameters() if p.requires_grad))
-
     sigma = eps = delta = None
     if protocol.dp:
         delta = float(protocol.delta) if protocol.delta is not None else float(default_delta(n))
@@ -161,25 +105,23 @@ def finetune_evaluate(model: nn.Module, train: ImageSet, test: ImageSet, *, prot
                                 accountant=protocol.accountant))
         privacy = PrivacyConfig(enabled=True, noise_multiplier=sigma, max_grad_norm=protocol.max_grad_norm,
                                 accountant=protocol.accountant)
-        sampler: Any = PoissonSampler(n, q, _int_seed(seed, 0))
     else:
-        privacy = PrivacyConfig(enabled=False)
-        sampler = ShuffleSampler(n, batch, _int_seed(seed, 0))
+        privacy = PrivacyConfig(enabled=False, sampling="shuffle")
     optim = OptimConfig(name="sgd", lr=protocol.lr, momentum=protocol.momentum, weight_decay=protocol.weight_decay)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(_int_seed(seed, 1))
-    stepper = make_stepper(model=net, privacy=privacy, optim=optim, sample_rate=q, expected_batch_size=batch,
-                           total_steps=protocol.steps, noise_multiplier=sigma or 0.0,
-                           physical_batch_size=protocol.physical_batch_size, generator=generator, device=device)
-    loss = None
-    for step in range(protocol.steps):
-        idx = sampler.indices(step)
-        xb = to_float_tensor(train.x[idx]).to(device)
-        yb = torch.as_tensor(train.y[idx], dtype=torch.long, device=device)
-        stats = stepper.step(xb, yb)
-        loss = getattr(stats, "loss", None)
-    trained = stepper.close()  # the plain module, without Opacus's hooks
-    pred = predict(trained, test.x, device=device, batch_size=eval_batch_size)
+    net = copy.deepcopy(model)
+    head = new_head(net, len(train.classes), init="zero")
+    net = net.to(device).train()
+    backbone = [name for name, p in net.named_parameters() if p.requires_grad]
+    plan = [PhaseBudget(name="fft" if protocol.train_backbone else "lp", steps=int(protocol.steps),
+                        noise_multiplier=sigma or 0.0)]
+    run_seed = _int_seed(seed, 0)
+    phases = finetune_phases(plan, head=head, backbone=backbone, x=train.x, y=train.y, dataset=train.name,
+                             batch_size=batch, privacy=privacy, optim=optim, seed=run_seed)
+    params = dict(net.named_parameters())
+    trainable = int(sum(params[name].numel() for name in phases[0].trainable))
+    out = finetune(net, phases, seed=run_seed, device=device, physical_batch_size=protocol.physical_batch_size)
+    loss = out.final_loss
+    pred = predict(out.model, test.x, device=device, batch_size=eval_batch_size)
     acc = accuracy_estimate(correct=int(np.sum(pred == test.y)), total=len(test))
     return FinetuneResult(accuracy=acc, dp=bool(protocol.dp), steps=int(protocol.steps), batch_size=batch,
                           sample_rate=q, train_backbone=bool(protocol.train_backbone), trainable_params=trainable,

@@ -1,50 +1,206 @@
-"""The ``finetune`` recipe: DP linear probing, DP full fine-tuning, or both in sequence (DP-LP-FFT).
+"""DP fine-tuning: the one loop (:func:`finetune`) and the ``finetune`` recipe that runs it into a run directory.
 
 Ke, Hou, Fanti, Oh, "On the Convergence of Differentially-Private Fine-tuning: To Linearly Probe or to Fully
 Fine-tune?" (arXiv:2402.18905, 2024): DP full fine-tuning (FFT) from a pre-trained backbone with a freshly
 initialised head distorts the backbone's features; DP linear probing (LP, head only) first aligns the head,
 after which FFT helps; the ε budget is split between the two phases (:mod:`training.recipes.budget`).
 
-Starting point (``training.finetune.checkpoint``): a run directory (architecture from its manifest, weights
-checked against its sha256) or a weights file (architecture from ``model``). The head:
+Every DP fine-tuning in the project is built from the same three pieces:
 
-* ``keep``: the checkpoint's classifier (the data must have the checkpoint's number of classes);
-* ``zero``: weight and bias zero (every class scores 0 at the start);
-* ``random``: a fresh, seeded initialisation.
+* :func:`new_head`: the classifier for the downstream classes, ``keep`` (the checkpoint's own), ``zero`` (weight
+  and bias zero: every class scores 0 at the start) or ``random`` (the model's own fresh classifier
+  initialisation, ``reset_classifier``, drawn from a seed);
+* :func:`finetune_phases`: the phases of a plan (:class:`~training.recipes.budget.PhaseBudget` entries named
+  ``lp`` or ``fft``) as :class:`~training.recipes.phases.PhaseSpec` objects: ``lp`` trains only the head (the
+  backbone stays bit-identical), ``fft`` every parameter that was trainable when the plan was made; each
+  phase has a fresh optimizer, its own sampler seed (:func:`~training.recipes.common.phase_seed`) and σ;
+* the step loop :func:`training.recipes.runner.run_phases` (Poisson or shuffled batches, per-example clipping
+  and Gaussian noise through :func:`training.dp.engine.make_stepper`, the noise reseeded per global step from
+  the seed). :func:`finetune` runs it in memory; the recipe runs it with checkpoints, logging and resume.
 
-When the number of classes differs, the classifier is always a new one (``keep`` is then an error).
+Callers: the ``finetune`` recipe below (``audit train``), the transfer evaluator's fine-tuning protocol
+(:mod:`audit.transfer.finetune`) and the feature-distortion trajectories (:mod:`audit.transfer.distortion_run`).
 
-Phases: ``lp`` trains only the classifier (the backbone stays bit-identical); ``fft`` trains every parameter
-that ``model.freeze`` leaves trainable. With ``lp_fft`` both run in that order, each with a fresh optimizer, LP
-at ``finetune.lp_lr``. The accountant composes the DP phases into the claim.
+Recipe: starting point (``training.finetune.checkpoint``): a run directory (architecture from its manifest,
+weights checked against its sha256) or a weights file (architecture from ``model``); the head as
+``finetune.head_init`` says (when the number of classes differs, the classifier is always a new one and
+``keep`` is an error). With ``lp_fft`` both phases run in that order, LP at ``finetune.lp_lr``. The accountant
+composes the DP phases into the claim.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
-from training.config import ModelConfig
-from training.errors import CheckpointError, ConfigError, DataError
+from training.config import ModelConfig, OptimConfig, PrivacyConfig
+from training.dp.engine import StepStats
+from training.errors import CheckpointError, ConfigError, DataError, UserError
+from training.io import sha256_file
 from training.manifest import PhaseInfo, read_manifest, verify_weights
 from training.models import build_model, load_weights_file
 from training.models.weights import strip_prefix
 from training.recipes.budget import PhaseBudget, split_budget, split_steps
 from training.recipes.common import RunSetup, make_gradient_canaries, make_monitor, phase_seed
-from training.recipes.phases import PhaseSpec, set_trainable, zero_head
-from training.recipes.runner import NextPhase, RunContext
-from training.io import sha256_file
+from training.recipes.phases import PhaseSpec, set_trainable
+from training.recipes.runner import NextPhase, RunContext, run_phases
 
-__all__ = ["FinetuneRecipe", "resolve_checkpoint", "head_parameter_names"]
+__all__ = ["HEAD_INITS", "FinetuneOutcome", "classifier_of", "head_parameter_names", "new_head", "finetune_phases",
+           "finetune", "FinetuneRecipe", "resolve_checkpoint"]
+
+HeadInit = Literal["keep", "zero", "random"]
+HEAD_INITS = ("keep", "zero", "random")
+#: offset of the head's seed from the run seed in the recipe (``head_init: random``)
+HEAD_SEED_OFFSET = 0x4845
+
+
+def classifier_of(model: nn.Module) -> nn.Module:
+    """The final classifier layer: timm's ``get_classifier()`` or the ``head`` of an ``ImageClassifier``.
+
+    Raises:
+        UserError: if the model exposes neither.
+    """
+    getter = getattr(model, "get_classifier", None)
+    head = getter() if callable(getter) else getattr(model, "head", None)
+    if not isinstance(head, nn.Module):
+        raise UserError(f"{type(model).__name__} exposes no classifier (get_classifier() or .head): it cannot be "
+                        "fine-tuned on new classes; build it through training.models")
+    return head
 
 
 def head_parameter_names(model: nn.Module) -> list[str]:
-    """Names of the classifier's parameters (``model.head``) in ``model.named_parameters()``."""
-    ids = {id(p) for p in model.head.parameters()}
+    """Names of the classifier's parameters (:func:`classifier_of`) in ``model.named_parameters()``."""
+    ids = {id(p) for p in classifier_of(model).parameters()}
     return [n for n, p in model.named_parameters() if id(p) in ids]
+
+
+def _num_outputs(head: nn.Module) -> int | None:
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else None
+
+
+def new_head(model: nn.Module, num_classes: int, *, init: HeadInit, seed: int = 0) -> list[str]:
+    """Give ``model`` the classifier fine-tuning starts from; return the head's parameter names.
+
+    Args:
+        model: a model with ``reset_classifier`` (timm's protocol; every model of :mod:`training.models`).
+        num_classes: the downstream classes.
+        init: ``keep`` the current classifier (it must have ``num_classes`` outputs); ``zero``: weight and bias
+            zero (a new classifier first when the number of classes differs); ``random``: a new classifier
+            (``reset_classifier``, the model's own initialisation) drawn from ``seed``, the global RNG untouched.
+        seed: seed of the ``random`` head.
+
+    Raises:
+        ValueError: unknown ``init``, or ``keep`` with another number of classes.
+        UserError: the model cannot take a new head.
+
+    >>> from training.config import ModelConfig
+    >>> from training.models import build_model
+    >>> net = build_model(ModelConfig(arch="small_cnn"), num_classes=3, input_shape=(3, 8, 8)).module
+    >>> names = new_head(net, 5, init="zero")
+    >>> names, [float(p.abs().sum()) for p in classifier_of(net).parameters()]
+    (['net.head.weight', 'net.head.bias'], [0.0, 0.0])
+    """
+    if init not in HEAD_INITS:
+        raise ValueError(f"head init must be one of {HEAD_INITS}, got {init!r}")
+    if not callable(getattr(model, "reset_classifier", None)):
+        raise UserError(f"{type(model).__name__} has no reset_classifier(): it cannot be fine-tuned on new "
+                        "classes; build it through training.models")
+    same = _num_outputs(classifier_of(model)) == int(num_classes)
+    if init == "keep" and not same:
+        raise ValueError(f"head init 'keep' needs a classifier with {num_classes} outputs, the model's has "
+                         f"{_num_outputs(classifier_of(model))}; use 'zero' or 'random'")
+    if init == "random":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            model.reset_classifier(int(num_classes))
+    elif init == "zero":
+        if not same:
+            model.reset_classifier(int(num_classes))
+        with torch.no_grad():
+            for p in classifier_of(model).parameters():
+                p.zero_()
+    return head_parameter_names(model)
+
+
+def finetune_phases(plan: Sequence[PhaseBudget], *, head: Sequence[str], backbone: Sequence[str], x: np.ndarray,
+                    y: np.ndarray, index: np.ndarray | None = None, dataset: str, batch_size: int,
+                    privacy: PrivacyConfig, optim: OptimConfig, lp_optim: OptimConfig | None = None,
+                    seed: int) -> list[PhaseSpec]:
+    """The phases of a fine-tuning plan (``lp`` then/or ``fft`` entries with their steps and σ).
+
+    Args:
+        plan: the phases in order; ``name`` ``lp`` (head only) or ``fft`` (head and backbone).
+        head: the head's parameter names (:func:`new_head`).
+        backbone: every parameter name an ``fft`` phase trains (head included).
+        x, y, index: uint8 NHWC images and labels; ``index``: the rows trained on (None: all).
+        dataset: dataset name for the manifest.
+        batch_size: expected logical batch size (Poisson rate ``batch_size / n`` under ``poisson`` sampling).
+        privacy: DP settings (``enabled``: every phase is DP with its plan entry's σ; ``sampling``).
+        optim: optimizer of the phases; ``lp_optim``: of the ``lp`` phase (default ``optim``).
+        seed: the run seed; phase ``i`` samples with :func:`~training.recipes.common.phase_seed` ``(seed, i)``.
+
+    Raises:
+        ValueError: a plan entry named other than ``lp``/``fft``, or an impossible phase (see ``PhaseSpec``).
+    """
+    bad = [b.name for b in plan if b.name not in ("lp", "fft")]
+    if bad or not plan:
+        raise ValueError(f"a fine-tuning plan holds 'lp' and 'fft' phases, got {[b.name for b in plan]}")
+    return [PhaseSpec(
+        name=b.name, dp=privacy.enabled, dataset=dataset, x=x, y=y, index=index, batch_size=int(batch_size),
+        steps=int(b.steps), sigma=float(b.noise_multiplier) if privacy.enabled else None, privacy=privacy,
+        optim=(lp_optim or optim) if b.name == "lp" else optim, sampler_seed=phase_seed(seed, i),
+        trainable=tuple(head if b.name == "lp" else backbone)) for i, b in enumerate(plan)]
+
+
+@dataclass(frozen=True)
+class FinetuneOutcome:
+    """What :func:`finetune` did: the trained model (hooks removed), one record per phase, the last step's loss."""
+
+    model: nn.Module
+    completed: list[dict[str, Any]]
+    final_loss: float | None
+
+
+def finetune(model: nn.Module, phases: Sequence[PhaseSpec], *, seed: int, device: torch.device | str,
+             physical_batch_size: int = 256,
+             on_step: Callable[[int, str, StepStats, nn.Module], None] | None = None) -> FinetuneOutcome:
+    """Run fine-tuning phases on ``model`` (trained in place) in memory: the loop the recipe runs into a run dir.
+
+    Args:
+        model: the model with its head in place (:func:`new_head`).
+        phases: :func:`finetune_phases` (its ``seed`` and this one equal: the recipe's run, step for step).
+        seed: the run seed: the DP noise of global step ``t`` comes from ``step_seed(seed, t, 1)``.
+        device: where to train.
+        physical_batch_size: largest chunk per forward/backward pass.
+        on_step: called after every step with ``(global step, phase name, stats, model)``.
+
+    Returns:
+        :class:`FinetuneOutcome`.
+
+    Raises:
+        ConfigError: the DP engine rejects the model (e.g. trainable BatchNorm).
+    """
+    ctx = RunContext(run_dir=None, config_sha="", seed=int(seed), device=torch.device(device), logger=None,
+                     physical_batch_size=int(physical_batch_size), log_every=1, checkpoint_every=1, eval_every=0,
+                     test=None, delta=None, on_step=None)
+    last: list[float] = []
+
+    def step(g: int, name: str, stats: StepStats, net: nn.Module) -> None:
+        last[:] = [float(stats.loss)]
+        if on_step is not None:
+            on_step(g, name, stats, net)
+
+    ctx.on_step = step
+    plan = list(phases)
+    trained = run_phases(ctx, model, lambda done: NextPhase(spec=plan[len(done)]) if len(done) < len(plan) else None)
+    return FinetuneOutcome(model=trained, completed=ctx.completed, final_loss=last[0] if last else None)
 
 
 def resolve_checkpoint(path: str | None, model_cfg: ModelConfig) -> tuple[ModelConfig, dict[str, Any]]:
@@ -112,17 +268,11 @@ class FinetuneRecipe:
         if ft.head_init == "keep" and not same:
             raise ConfigError("finetune.head_init: keep needs the checkpoint's classes, but the data have "
                               f"{setup.num_classes} classes; use head_init: zero or random")
-        if ft.head_init == "zero":
-            zero_head(model)
-        elif ft.head_init == "random" or not same:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(tc.seed) + 0x4845)
-                model.reset_classifier(setup.num_classes)
-            model.to(setup.device)
+        self.head = new_head(model, setup.num_classes, init=ft.head_init, seed=int(tc.seed) + HEAD_SEED_OFFSET)
+        model.to(setup.device)
         self.model = model
         self.model_cfg = model_cfg.model_copy(update={"pretrained": None})
         self.model_notes = list(built.notes) + [f"fine-tuned from {self.source['path']} (head_init={ft.head_init})"]
-        self.head = head_parameter_names(model)
         self.backbone_trainable = [n for n, p in model.named_parameters() if p.requires_grad]
         steps = setup.private_steps()
         q = tc.batch_size / setup.n
@@ -140,13 +290,11 @@ class FinetuneRecipe:
         if tc.gradient_canaries.count and pc.enabled and len(plan) > 1:
             raise ConfigError("training.gradient_canaries need a single DP phase; use finetune.strategy lp or fft")
         images = setup.pool.images
-        self.specs = [PhaseSpec(
-            name=b.name, dp=pc.enabled, dataset=cfg.data.dataset, x=images.x, y=images.y, index=setup.members,
-            batch_size=tc.batch_size, steps=b.steps, sigma=b.noise_multiplier if pc.enabled else None, privacy=pc,
-            optim=cfg.optim.model_copy(update={"lr": ft.lp_lr or cfg.optim.lr}) if b.name == "lp" else cfg.optim,
-            sampler_seed=phase_seed(tc.seed, i),
-            trainable=tuple(self.head if b.name == "lp" else self.backbone_trainable))
-            for i, b in enumerate(plan)]
+        self.specs = finetune_phases(plan, head=self.head, backbone=self.backbone_trainable, x=images.x, y=images.y,
+                                     index=setup.members, dataset=cfg.data.dataset, batch_size=tc.batch_size,
+                                     privacy=pc, optim=cfg.optim,
+                                     lp_optim=cfg.optim.model_copy(update={"lr": ft.lp_lr or cfg.optim.lr}),
+                                     seed=tc.seed)
         ctx.hessian = None  # made per phase in prepare (its template must match the phase's trainable set)
 
     def total_steps(self) -> int:

@@ -28,7 +28,7 @@ from training.config import OptimConfig, PrivacyConfig
 from training.dp.sampling import PoissonSampler, ShuffleSampler
 from training.manifest import PhaseInfo
 
-__all__ = ["PhaseSpec", "CARRY_MODES", "carry_optimizer_state", "set_trainable", "zero_head", "FIRST_MOMENT_KEYS"]
+__all__ = ["PhaseSpec", "CARRY_MODES", "carry_optimizer_state", "set_trainable", "FIRST_MOMENT_KEYS"]
 
 CARRY_MODES = ("none", "keep", "reset_first", "reset_both")
 #: optimizer-state entries that hold a first moment (Adam/AdamW ``exp_avg``, SGD ``momentum_buffer``)
@@ -128,13 +128,6 @@ def set_trainable(model: nn.Module, names: Sequence[str] | None) -> list[str]:
         for n, p in params.items():
             p.requires_grad_(n in wanted)
     return [n for n, p in params.items() if not p.requires_grad]
-
-
-@torch.no_grad()
-def zero_head(model: nn.Module) -> None:
-    """Set the classifier's weight and bias to zero (``model.head``, an ``nn.Linear``)."""
-    for p in model.head.parameters():
-        p.zero_()
 
 
 def carry_optimizer_state(state: dict[str, Any], names: Sequence[str], *, target: torch.optim.Optimizer,

@@ -92,10 +92,11 @@ class RunContext:
     """Everything the loop needs besides the phases: where to write, how to log, what to measure.
 
     Attributes:
-        run_dir, config_sha: the run directory and the resolved config's sha256 (stored in the state).
+        run_dir, config_sha: the run directory and the resolved config's sha256 (stored in the state); run_dir
+            None: nothing is written (in-memory fine-tuning, :func:`training.recipes.finetune.finetune`).
         seed: the run's seed (noise stream and per-step seeds).
         device: where the model trains.
-        logger: a :class:`training.progress.TrainLogger`.
+        logger: a :class:`training.progress.TrainLogger` (None: nothing is logged, tr(H) is not measured).
         physical_batch_size: largest chunk held in memory at once.
         log_every, checkpoint_every, eval_every: intervals in global steps (eval_every 0: never during training).
         test: the test set for ``test/accuracy`` (or None).
@@ -108,9 +109,11 @@ class RunContext:
         completed: one record per finished phase (index, name, dp, sigma, sample_rate, steps, reason, frozen).
         global_step: steps taken so far, all phases together.
         recipe_state: the recipe's own resumable state (JSON-like values only).
+        on_step: called after every step with ``(global step, phase name, stats, model)`` (the model still
+            carries Opacus's hooks: read it under ``torch.no_grad()``), or None.
     """
 
-    run_dir: Path
+    run_dir: Path | None
     config_sha: str
     seed: int
     device: torch.device
@@ -131,6 +134,7 @@ class RunContext:
     global_step: int = 0
     recipe_state: dict[str, Any] = field(default_factory=dict)
     curve: RdpCurve | None = None
+    on_step: Callable[[int, str, StepStats, nn.Module], None] | None = None
 
     def stopped(self) -> bool:
         """True when a simulated interrupt (``stop_after``) is due."""
@@ -211,7 +215,7 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
     """
     frozen = set_trainable(model, spec.trainable)
     names = trainable_names(model)
-    if write_init and start == 0:
+    if write_init and start == 0 and ctx.run_dir is not None:
         save_safetensors(ctx.run_dir / INIT_WEIGHTS_FILE, model.state_dict())  # θ_0 of the white-box audit
     generator = torch.Generator(device=ctx.device)
     stepper = make_stepper(
@@ -248,11 +252,13 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
                           "sigma": float(spec.sigma) if spec.dp else None, "sample_rate": spec.sample_rate,
                           "steps": done, "reason": end or "steps", "frozen": frozen}
             _log_step(ctx, spec, stepper, stats, done=done, force=record is not None)
+            if ctx.on_step is not None:
+                ctx.on_step(g, spec.name, stats, stepper.base_model)
             if ctx.test is not None and len(ctx.test) and ctx.eval_every and g % ctx.eval_every == 0:
                 ctx.logger.scalar("test/accuracy", accuracy(stepper.base_model, ctx.test, device=ctx.device), g)
             if record is not None:
                 ctx.completed.append(record)
-            if g % ctx.checkpoint_every == 0 or record is not None or ctx.stopped():
+            if ctx.run_dir is not None and (g % ctx.checkpoint_every == 0 or record is not None or ctx.stopped()):
                 save_state(ctx.run_dir, {
                     "step": g, "config_sha256": ctx.config_sha, "phase_index": phase_index, "phase_step": done,
                     "stepper": stepper.state_dict(), "names": names,
@@ -319,6 +325,8 @@ def run_phases(ctx: RunContext, model: nn.Module, next_phase: Callable[[list[dic
 def _log_step(ctx: RunContext, spec: PhaseSpec, stepper: Stepper, stats: StepStats, *, done: int,
               force: bool) -> None:
     """TensorBoard scalars + a history row every ``log_every`` global steps, at phase ends and at tr(H) steps."""
+    if ctx.logger is None:
+        return
     g = ctx.global_step
     hess = None
     if ctx.hessian is not None and ctx.hessian_every and g % ctx.hessian_every == 0:
