@@ -71,3 +71,42 @@ def test_same_seed_same_trajectory_and_bad_arguments() -> None:
         distortion_trajectory_model(_model(), data=_data(), strategy="fft", lp_steps=2, **KW)
     with pytest.raises(ValueError, match="strategy"):
         distortion_trajectory_model(_model(), data=_data(), strategy="lp", **KW)
+
+
+def test_trajectory_is_the_one_loop_called_directly() -> None:
+    """Rows of an LP-FFT trajectory equal the feature change measured around the loop run directly."""
+    import copy
+
+    from audit.transfer.features import FINAL_LAYER, extract_features
+    from training.config import OptimConfig, PrivacyConfig
+    from training.recipes.budget import PhaseBudget
+    from training.recipes.finetune import finetune, finetune_phases, new_head
+
+    train, test = _data()
+    model = _model()
+    kw = {**KW, "steps": 4, "eval_every": 1, "max_grad_norm": 0.7, "physical_batch_size": 5}
+    rows = distortion_trajectory_model(model, data=(train, test), strategy="lp_fft", lp_steps=2,
+                                       head_init="random", **kw)
+
+    run_seed, _, head_seed = (int(v) for v in np.random.SeedSequence(3).generate_state(3))
+    net = copy.deepcopy(model)
+    head = new_head(net, 2, init="random", seed=head_seed)
+    net.train()
+
+    def feats(m: torch.nn.Module) -> np.ndarray:
+        with torch.no_grad():
+            return extract_features(m, train.x, layers=[FINAL_LAYER])[FINAL_LAYER].astype(np.float64)
+
+    f0, changes = feats(net), [0.0]
+    privacy = PrivacyConfig(enabled=True, noise_multiplier=1.0, max_grad_norm=0.7, accountant="rdp")
+    phases = finetune_phases([PhaseBudget(name="lp", steps=2, noise_multiplier=1.0),
+                              PhaseBudget(name="fft", steps=2, noise_multiplier=1.0)],
+                             head=head, backbone=[n for n, _ in net.named_parameters()], x=train.x, y=train.y,
+                             dataset="synthetic", batch_size=16, privacy=privacy,
+                             optim=OptimConfig(name="sgd", lr=0.5, momentum=0.0), seed=run_seed)
+    finetune(net, phases, seed=run_seed, device="cpu", physical_batch_size=5,
+             on_step=lambda g, phase, stats, m: changes.append(
+                 float(np.linalg.norm(feats(m) - f0) / np.linalg.norm(f0))))
+    assert [r["phase"] for r in rows] == ["start", "lp", "lp", "fft", "fft"]
+    assert changes[:3] == [0.0, 0.0, 0.0] and changes[3] > 0
+    assert [r["relative_change_train"] for r in rows] == pytest.approx(changes, rel=1e-9, abs=1e-12)

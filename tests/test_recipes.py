@@ -356,6 +356,43 @@ def test_lp_fft_epsilon_split_composes_phases_with_different_sigma(tmp_path, sou
     assert lp.epsilon + fft.epsilon > composed  # composition is sub-additive: not a sum
 
 
+@pytest.mark.parametrize("head_init", ["random", "zero"])
+def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, head_init):
+    """The recipe's run directory holds what the in-memory loop gives for the same start, plan and seed."""
+    from training.checkpoint import load_model_from_run
+    from training.io import load_safetensors
+    from training.pool import build_pool
+    from training.recipes.budget import PhaseBudget
+    from training.recipes.finetune import HEAD_SEED_OFFSET, finetune, finetune_phases, new_head
+    from training.trainer import train
+
+    cfg = _finetune(source_run, **{"training.finetune.strategy": "lp_fft", "training.finetune.head_init": head_init,
+                                   "training.finetune.lp_lr": 0.01, "training.physical_batch_size": 10,
+                                   "training.seed": 5})
+    run = tmp_path / "ft"
+    res = train(cfg, run_dir=run)
+
+    model, _ = load_model_from_run(source_run)
+    pool = build_pool(cfg)
+    head = new_head(model.train(), len(pool.images.classes), init=head_init,
+                    seed=cfg.training.seed + HEAD_SEED_OFFSET)
+    init = load_safetensors(run / "model_init.safetensors")
+    assert all(torch.equal(init[k], v) for k, v in model.state_dict().items())
+    plan = [PhaseBudget(name=p.name, steps=p.steps, noise_multiplier=p.noise_multiplier)
+            for p in res.manifest.privacy.phases]
+    assert [b.name for b in plan] == ["lp", "fft"]
+    phases = finetune_phases(plan, head=head, backbone=[n for n, _ in model.named_parameters()], x=pool.images.x,
+                             y=pool.images.y, index=np.flatnonzero(np.load(run / "membership.npy")),
+                             dataset="digits", batch_size=cfg.training.batch_size, privacy=cfg.privacy,
+                             optim=cfg.optim, lp_optim=cfg.optim.model_copy(update={"lr": 0.01}),
+                             seed=cfg.training.seed)
+    out = finetune(model, phases, seed=cfg.training.seed, device="cpu", physical_batch_size=10)
+    final = _weights(run)
+    assert set(final) == set(out.model.state_dict())
+    assert all(torch.equal(final[k], v) for k, v in out.model.state_dict().items())
+    assert [c["steps"] for c in out.completed] == [b.steps for b in plan]
+
+
 def test_head_init_zero_and_keep_rules(tmp_path, source_run):
     from training.io import load_safetensors
     from training.trainer import train

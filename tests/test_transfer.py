@@ -473,6 +473,41 @@ def test_finetune_dp_noise_is_applied_and_accounted(tmp_path):
     assert quiet.accuracy.accuracy > 0.8 and loud.accuracy.accuracy < 0.7
 
 
+@pytest.mark.parametrize("dp, train_backbone", [(True, True), (True, False), (False, True)])
+def test_finetune_protocol_is_the_one_loop_called_directly(tmp_path, dp, train_backbone):
+    """The protocol adds nothing of its own to the training: a zero head, one ``fft``/``lp`` phase, the loop."""
+    import copy
+
+    from audit.transfer.finetune import _int_seed, finetune_evaluate
+    from audit.transfer.suite import FinetuneProtocol
+    from training.config import OptimConfig, PrivacyConfig
+    from training.evaluate import predict
+    from training.recipes.budget import PhaseBudget
+    from training.recipes.finetune import finetune, finetune_phases, new_head
+
+    train, test = _colour_sets(tmp_path, n_train=90, n_test=45)
+    model = _tiny_model(num_classes=3)
+    dp_kw = dict(dp=True, noise_multiplier=0.8, accountant="rdp", delta=1e-3, max_grad_norm=0.5) if dp else {}
+    proto = FinetuneProtocol(enabled=True, steps=5, batch_size=30, physical_batch_size=7, lr=0.3, momentum=0.5,
+                             train_backbone=train_backbone, **dp_kw)
+    res = finetune_evaluate(model, train, test, protocol=proto, seed=11)
+
+    net = copy.deepcopy(model)
+    head = new_head(net, 3, init="zero")
+    net.train()
+    privacy = (PrivacyConfig(enabled=True, noise_multiplier=0.8, max_grad_norm=0.5, accountant="rdp") if dp
+               else PrivacyConfig(enabled=False, sampling="shuffle"))
+    phases = finetune_phases([PhaseBudget(name="fft" if train_backbone else "lp", steps=5,
+                                          noise_multiplier=0.8 if dp else 0.0)],
+                             head=head, backbone=[n for n, _ in net.named_parameters()], x=train.x, y=train.y,
+                             dataset="npz", batch_size=30, privacy=privacy,
+                             optim=OptimConfig(name="sgd", lr=0.3, momentum=0.5), seed=_int_seed(11, 0))
+    out = finetune(net, phases, seed=_int_seed(11, 0), device="cpu", physical_batch_size=7)
+    assert res.final_loss == out.final_loss
+    assert res.accuracy.correct == int((predict(out.model, test.x, device="cpu") == test.y).sum())
+    assert res.trainable_params == sum(p.numel() for p in out.model.parameters() if p.requires_grad)
+
+
 def test_runner_runs_finetune_protocol(tmp_path):
     from audit.transfer.runner import evaluate_transfer
 

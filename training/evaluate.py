@@ -87,7 +87,6 @@ def mean_loss(model: nn.Module, images: ImageSet, *, device: torch.device | str,
     total = 0.0
     with _eval_mode(model):
         for start, logits in _logits(model, images.x, device=device, batch_size=batch_size):
-            y = torch.as_tensor(np.asarray(images.y[start:start + len(logits)]), dtype=torch.long,
-                                device=logits.device)
+            y = torch.from_numpy(np.array(images.y[start:start + len(logits)], dtype=np.int64)).to(logits.device)
             total += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
     return total / len(images)

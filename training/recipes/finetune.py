@@ -104,7 +104,7 @@ def new_head(model: nn.Module, num_classes: int, *, init: HeadInit, seed: int = 
     >>> from training.models import build_model
     >>> net = build_model(ModelConfig(arch="small_cnn"), num_classes=3, input_shape=(3, 8, 8)).module
     >>> names = new_head(net, 5, init="zero")
-    >>> names, [float(p.abs().sum()) for p in classifier_of(net).parameters()]
+    >>> names, [float(p.detach().abs().sum()) for p in classifier_of(net).parameters()]
     (['net.head.weight', 'net.head.bias'], [0.0, 0.0])
     """
     if init not in HEAD_INITS:
