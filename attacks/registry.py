@@ -35,6 +35,10 @@ __all__ = [
     "available_attacks",
     "get_attack_class",
     "build_attack",
+    "ATTACK_SPECS",
+    "attack_names",
+    "configured_attack",
+    "needs_reference",
     "LeaveOneOutResult",
     "leave_one_out",
 ]
@@ -260,6 +264,57 @@ def build_attack(name: str, **params: Any) -> Attack:
         raise UserError(f"attack {name!r} has no parameter(s) {', '.join(unknown)}; "
                         f"valid: {', '.join(valid) or '(none)'}")
     return cls(**params)
+
+
+#: Every attack a config or ``attack.json`` may name -> (registered class name, fixed parameters). The one list
+#: of attack names: :class:`attacks.config.AttackConfig`, ``epsilon.attack`` and the gate policy read it.
+ATTACK_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    "loss": ("loss", {}),
+    "attack_p": ("attack_p", {}),
+    "calibrated_loss": ("calibrated_loss", {}),
+    "lira_online": ("lira_online", {"fix_variance": False}),
+    "lira_online_fixed_var": ("lira_online", {"fix_variance": True}),
+    "lira_offline": ("lira_offline", {"fix_variance": False}),
+    "lira_offline_fixed_var": ("lira_offline", {"fix_variance": True}),
+    "rmia_online": ("rmia_online", {}),
+    "rmia_offline": ("rmia_offline", {}),
+}
+
+
+def attack_names() -> tuple[str, ...]:
+    """Every attack name a config may list, in the order attacks run and are reported.
+
+    >>> attack_names()[:3]
+    ('loss', 'attack_p', 'calibrated_loss')
+    """
+    return tuple(ATTACK_SPECS)
+
+
+def configured_attack(name: str, *, gamma: float = 1.0, offline_a: float = 0.3) -> Attack:
+    """The registry attack behind a config name, with its parameters (RMIA: ``gamma``, offline ``a``).
+
+    >>> configured_attack("lira_online_fixed_var").params()["fix_variance"]
+    True
+    """
+    if name not in ATTACK_SPECS:
+        raise UserError(f"unknown attack {name!r}; valid: {', '.join(ATTACK_SPECS)}")
+    registry_name, params = ATTACK_SPECS[name]
+    if registry_name == "rmia_online":
+        params = {**params, "gamma": float(gamma)}
+    elif registry_name == "rmia_offline":
+        params = {**params, "gamma": float(gamma), "a": float(offline_a)}
+    return build_attack(registry_name, **params)
+
+
+def needs_reference(name: str) -> bool:
+    """Whether the config attack ``name`` needs reference models.
+
+    >>> needs_reference("loss"), needs_reference("lira_online")
+    (False, True)
+    """
+    if name not in ATTACK_SPECS:
+        raise UserError(f"unknown attack {name!r}; valid: {', '.join(ATTACK_SPECS)}")
+    return get_attack_class(ATTACK_SPECS[name][0]).needs_reference
 
 
 class LeaveOneOutResult(NamedTuple):

@@ -15,48 +15,11 @@ from typing import Any
 import numpy as np
 
 from attacks.metrics import DEFAULT_FPRS, average_metrics, compute_metrics, most_vulnerable, per_class_metrics
-from attacks.registry import Attack, build_attack, get_attack_class
 
-__all__ = ["ROC_POINTS", "ATTACK_SPECS", "configured_attack", "needs_reference", "roc_grid", "banded_roc",
-           "evaluate_scores", "loo_summary", "summary_rows"]
+__all__ = ["ROC_POINTS", "roc_grid", "banded_roc", "evaluate_scores", "loo_summary"]
 
 ROC_POINTS = 200
 _BOOT_BLOCK = 1 << 22
-
-#: attack name in the config -> (registry name, fixed parameters)
-ATTACK_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
-    "loss": ("loss", {}),
-    "attack_p": ("attack_p", {}),
-    "calibrated_loss": ("calibrated_loss", {}),
-    "lira_online": ("lira_online", {"fix_variance": False}),
-    "lira_online_fixed_var": ("lira_online", {"fix_variance": True}),
-    "lira_offline": ("lira_offline", {"fix_variance": False}),
-    "lira_offline_fixed_var": ("lira_offline", {"fix_variance": True}),
-    "rmia_online": ("rmia_online", {}),
-    "rmia_offline": ("rmia_offline", {}),
-}
-
-
-def configured_attack(name: str, *, gamma: float = 1.0, offline_a: float = 0.3) -> Attack:
-    """The registry attack behind a config name, with its parameters (RMIA: ``gamma``, offline ``a``).
-
-    >>> configured_attack("lira_online_fixed_var").params()["fix_variance"]
-    True
-    """
-    if name not in ATTACK_SPECS:
-        raise ValueError(f"unknown attack {name!r}; valid: {', '.join(ATTACK_SPECS)}")
-    registry_name, params = ATTACK_SPECS[name]
-    if registry_name == "rmia_online":
-        params = {**params, "gamma": float(gamma)}
-    elif registry_name == "rmia_offline":
-        params = {**params, "gamma": float(gamma), "a": float(offline_a)}
-    return build_attack(registry_name, **params)
-
-
-def needs_reference(name: str) -> bool:
-    """Whether the config attack ``name`` needs reference models."""
-    return get_attack_class(ATTACK_SPECS[name][0]).needs_reference
-
 
 def roc_grid(n_nonmembers: int, n_points: int = ROC_POINTS) -> np.ndarray:
     """At most ``n_points`` FPRs at which to read a ROC with ``n_nonmembers`` non-members.

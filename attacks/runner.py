@@ -9,21 +9,19 @@
    pool example and on ``population`` samples z (known non-members: the test split, or the non-members held
    out at import), for each augmented query; cached in ``signals.npz`` under a key over the target's weights,
    the reference index, the augmentations and the population.
-4. Each configured attack (:data:`attacks.results.ATTACK_SPECS`), evaluated against the real target's
+4. Each configured attack (:data:`attacks.registry.ATTACK_SPECS`), evaluated against the real target's
    membership (``evaluation: target``), by leave-one-out over the reference models (``leave_one_out``: each
    reference in turn is the target and the others its references, Carlini et al. 2022 Sec. V; the per-attack
    metrics then describe reference model 0) or both.
-5. ``attack.json`` (format ``dp-audit-attack/1``) and ``scores.npz`` (``pool_index``, ``membership``,
+5. ``attack.json`` (:class:`attacks.attack_file.AttackFile`) and ``scores.npz`` (``pool_index``, ``membership``,
    ``labels``, ``score_<attack>``; every score "higher = member"), written atomically.
 
-The attack settings are read duck-typed (``audit.config.AttackConfig`` in practice), since ``attacks`` does
-not import ``audit``.
+The settings are an :class:`attacks.config.AttackConfig` (the ``attack:`` section of an experiment config).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -31,76 +29,26 @@ from typing import Any
 
 import numpy as np
 
-from attacks.registry import AttackInputs, leave_one_out
-from attacks.results import ATTACK_SPECS, configured_attack, evaluate_scores, loo_summary, needs_reference
+from attacks.attack_file import ATTACK_FILE, ATTACK_FORMAT, AttackFile, read_attack_file, write_attack_file
+from attacks.config import AttackConfig
+from attacks.registry import ATTACK_SPECS, AttackInputs, configured_attack, leave_one_out, needs_reference
+from attacks.results import evaluate_scores, loo_summary
 from attacks.shadows import ShadowSet, prepare_shadows
-from attacks.signals import AugmentationSpec
 from attacks.signal_cache import Signals, load_or_compute_signals
 from attacks.shadow_train import resolve_device
 from attacks.target import TargetRun, load_target
 from training.errors import CheckpointError, UserError
 from training.evaluate import accuracy
-from training.io import read_json, sha256_bytes, write_json, write_npz
+from training.io import read_json, write_npz
 
-__all__ = ["ATTACK_FORMAT", "AttackSettings", "AttackResult", "run_attack", "attack_is_complete",
-           "attack_config_sha256"]
-
-ATTACK_FORMAT = "dp-audit-attack/1"
-#: settings that change how fast results come, not what they are: left out of ``config_sha256``
-EXECUTION_ONLY = ("executor", "workers", "device", "signal_batch_size", "max_models_per_batch")
+__all__ = ["AttackResult", "run_attack", "attack_is_complete"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AttackSettings:
-    """The attack settings this module reads (same names and defaults as ``audit.config.AttackConfig``)."""
 
-    n_reference: int = 16
-    attacks: tuple[str, ...] = tuple(ATTACK_SPECS)
-    flip: bool = True
-    shifts: int = 0
-    executor: str = "auto"
-    workers: int = 1
-    population: int = 500
-    evaluation: str = "target"
-    n_bootstrap: int = 200
-    rmia_gamma: float = 1.0
-    rmia_offline_a: float = 0.3
-    top_vulnerable: int = 20
-    seed: int = 0
-    device: str = "auto"
-    signal_batch_size: int = 512
-    max_models_per_batch: int | None = None
-
-    @classmethod
-    def from_config(cls, config: Any) -> AttackSettings:
-        """Read the fields of any config object (``AttackConfig``, a dataclass, a namespace) or mapping."""
-        if isinstance(config, AttackSettings):
-            return config
-        get = config.get if isinstance(config, dict) else (lambda k, d: getattr(config, k, d))
-        values = {f.name: get(f.name, f.default) for f in dataclasses.fields(cls)}
-        values["attacks"] = tuple(values["attacks"])
-        unknown = [a for a in values["attacks"] if a not in ATTACK_SPECS]
-        if unknown:
-            raise UserError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(ATTACK_SPECS)}")
-        if values["evaluation"] not in ("target", "leave_one_out", "both"):
-            raise UserError(f"attack.evaluation must be target, leave_one_out or both; got {values['evaluation']!r}")
-        return cls(**values)
-
-    @property
-    def augmentations(self) -> AugmentationSpec:
-        return AugmentationSpec(flip=bool(self.flip), shifts=int(self.shifts))
-
-    @property
-    def needs_references(self) -> bool:
-        return self.evaluation != "target" or any(needs_reference(a) for a in self.attacks)
-
-
-def attack_config_sha256(config: Any) -> str:
-    """sha256 of the attack settings that determine the results (execution-only settings left out)."""
-    data = dataclasses.asdict(AttackSettings.from_config(config))
-    for key in EXECUTION_ONLY:
-        data.pop(key)
-    return sha256_bytes(json.dumps(data, sort_keys=True, default=list).encode("utf-8"))
+def _settings(config: AttackConfig) -> AttackConfig:
+    if not isinstance(config, AttackConfig):
+        raise TypeError(f"config must be an attacks.config.AttackConfig, got {type(config).__name__}")
+    return config
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -108,14 +56,14 @@ class AttackResult:
     """What :func:`run_attack` wrote: the ``attack.json`` content and the per-example scores."""
 
     run_dir: Path
-    report: dict[str, Any]
+    report: AttackFile
     scores: dict[str, np.ndarray]
     membership: np.ndarray
     shadows_trained: int
 
     def rows(self) -> list[dict[str, Any]]:
         """One summary row per attack (name, AUC and interval, TPR at each FPR level)."""
-        from attacks.results import summary_rows
+        from attacks.attack_file import summary_rows
 
         return summary_rows(self.report)
 
@@ -129,7 +77,7 @@ def _logger(progress: bool) -> Callable[[str], None]:
     return lambda msg: console.print(f"[dim]attack:[/dim] {msg}")
 
 
-def _check_attacks(settings: AttackSettings, target: TargetRun) -> None:
+def _check_attacks(settings: AttackConfig, target: TargetRun) -> None:
     need = [a for a in settings.attacks if needs_reference(a)]
     if settings.needs_references and not target.has_recipe:
         what = f"attack(s) {', '.join(need)}" if need else "leave-one-out evaluation"
@@ -173,13 +121,13 @@ def _inputs(phi: Signals, model: int, others: np.ndarray | None, labels: np.ndar
         pop_reference=phi.population[others] if has_pop and has_ref else None)
 
 
-def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows: bool = False,
+def run_attack(*, run_dir: str | os.PathLike[str], config: AttackConfig, retrain_shadows: bool = False,
                progress: bool = True, trust_code: bool = False) -> AttackResult:
     """Attack the run in ``run_dir`` as ``config`` says and write ``attack.json`` and ``scores.npz`` there.
 
     Args:
         run_dir: a run directory (``audit train`` or ``audit import``).
-        config: attack settings (``audit.config.AttackConfig`` or anything with the same fields).
+        config: the attack settings.
         retrain_shadows: delete and retrain the reference models.
         progress: print progress messages on stderr.
         trust_code: allow the run (and its reference models) to name code to import (``--trust-code``);
@@ -192,8 +140,9 @@ def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows:
         UntrustedCodeError: the run names code to import and ``trust_code`` is False (nothing was run).
         CheckpointError: the run or its reference models do not verify.
         UserError: attacks that cannot run on this run (no recipe, no members/non-members, K odd, ...).
+        TypeError: ``config`` is not an :class:`~attacks.config.AttackConfig`.
     """
-    settings = AttackSettings.from_config(config)
+    settings = _settings(config)
     say = _logger(progress)
     target = load_target(run_dir, trust_code=trust_code)
     _check_attacks(settings, target)
@@ -233,11 +182,11 @@ def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows:
             entry["leave_one_out"] = loo
         entries[name] = entry
     utility = _utility(target, device)
-    report = {
+    report = AttackFile.from_data({
         "format": ATTACK_FORMAT,
         "run": target.manifest.run_name,
         "inputs": {"weights_sha256": target.weights_sha256, "membership_sha256": target.membership_sha256,
-                   "pool_fingerprint": target.pool_fingerprint, "config_sha256": attack_config_sha256(settings)},
+                   "pool_fingerprint": target.pool_fingerprint, "config_sha256": settings.sha256()},
         "setup": {"n_reference": k, "augmentations": list(settings.augmentations.names), "pool_size": len(labels),
                   "n_members": int(target.membership.sum()), "n_population": int(phi.population.shape[1]),
                   "evaluation": settings.evaluation,
@@ -247,29 +196,29 @@ def run_attack(*, run_dir: str | os.PathLike[str], config: Any, retrain_shadows:
         "attacks": entries,
         "utility": utility,
         "code": target.code.to_dict(),
-    }
+    })
     out = Path(run_dir)
     write_npz(out / "scores.npz", pool_index=np.arange(len(labels)), membership=truth, labels=labels,
               **{f"score_{n}": s for n, s in scores.items()})
-    write_json(out / "attack.json", report)
+    write_attack_file(out, report)
     return AttackResult(run_dir=out, report=report, scores=scores, membership=truth,
                         shadows_trained=0 if shadows is None else shadows.trained)
 
 
-def attack_is_complete(run_dir: str | os.PathLike[str], config: Any) -> bool:
+def attack_is_complete(run_dir: str | os.PathLike[str], config: AttackConfig) -> bool:
     """True when ``attack.json`` and ``scores.npz`` exist and were made from this run's current weights,
     membership and pool (as its manifest records them) with these attack settings."""
     from training.manifest import read_manifest, verify_weights
 
     run_dir = Path(run_dir)
-    if not (run_dir / "attack.json").is_file() or not (run_dir / "scores.npz").is_file():
+    if not (run_dir / ATTACK_FILE).is_file() or not (run_dir / "scores.npz").is_file():
         return False
     try:
-        report = read_json(run_dir / "attack.json", what="attack results")
+        report = read_attack_file(run_dir)
         manifest = read_manifest(run_dir)
         verify_weights(run_dir, manifest)
     except CheckpointError:
         return False
     want = {"weights_sha256": manifest.model.weights_sha256, "membership_sha256": manifest.data.membership_sha256,
-            "pool_fingerprint": manifest.data.pool_fingerprint, "config_sha256": attack_config_sha256(config)}
-    return isinstance(report, dict) and report.get("format") == ATTACK_FORMAT and report.get("inputs") == want
+            "pool_fingerprint": manifest.data.pool_fingerprint, "config_sha256": _settings(config).sha256()}
+    return report.inputs == want

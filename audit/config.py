@@ -12,48 +12,19 @@ False
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from training.config import (Strict, TrainConfig, apply_overrides, load_yaml, validate_config)
+from attacks.config import AttackConfig
+from attacks.registry import attack_names
+from training.config import Strict, TrainConfig, apply_overrides, load_yaml, parse_override, validate_config
 from training.errors import ConfigError
 
 __all__ = ["AttackConfig", "EpsilonConfig", "TransferRunConfig", "ReportConfig", "RunConfig", "load_run_config",
-           "select_variant", "variant_names"]
-
-ATTACK_NAMES = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_online_fixed_var", "lira_offline",
-                "lira_offline_fixed_var", "rmia_online", "rmia_offline")
-
-
-class AttackConfig(Strict):
-    """Membership-inference attack settings (`audit attack`)."""
-
-    n_reference: int = Field(16, ge=0, description="reference (shadow) models; 0: only reference-free attacks")
-    attacks: tuple[str, ...] = ATTACK_NAMES
-    flip: bool = Field(True, description="query the horizontal flip too")
-    shifts: int = Field(0, ge=0, description="query +-k pixel shifts")
-    executor: Literal["auto", "batched", "sequential", "process"] = "auto"
-    workers: int = Field(1, ge=1)
-    population: int = Field(500, ge=0, description="population samples z for RMIA (from the test split)")
-    evaluation: Literal["target", "leave_one_out", "both"] = "target"
-    n_bootstrap: int = Field(200, ge=0)
-    rmia_gamma: float = Field(1.0, gt=0.0)
-    rmia_offline_a: float = Field(0.3, ge=0.0, le=1.0)
-    top_vulnerable: int = Field(20, ge=0)
-    seed: int = Field(0, description="seed of the keep masks, reference-model seeds, population draw, bootstrap")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where reference models train and run")
-    signal_batch_size: int = Field(512, gt=0, description="examples per forward pass when computing signals")
-    max_models_per_batch: int | None = Field(None, gt=0, description="batched executor: most models at once "
-                                             "(None: as many as fit in memory)")
-
-    @model_validator(mode="after")
-    def _check(self) -> "AttackConfig":
-        unknown = [a for a in self.attacks if a not in ATTACK_NAMES]
-        if unknown:
-            raise ValueError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(ATTACK_NAMES)}")
-        return self
-
+           "select_variant", "variant_names",
+           "resolve_attack_config", "attacks_chosen", "resolve_epsilon_config"]
 
 class EpsilonConfig(Strict):
     """Empirical epsilon settings (`audit epsilon`)."""
@@ -85,8 +56,8 @@ class EpsilonConfig(Strict):
                              f"{self.multi_run_models}")
         if len(set(self.sources)) != len(self.sources):
             raise ValueError(f"epsilon.sources has duplicates: {list(self.sources)}")
-        if self.attack not in ATTACK_NAMES:
-            raise ValueError(f"epsilon.attack: unknown attack '{self.attack}'; valid: {', '.join(ATTACK_NAMES)}")
+        if self.attack not in attack_names():
+            raise ValueError(f"epsilon.attack: unknown attack '{self.attack}'; valid: {', '.join(attack_names())}")
         return self
 
 
@@ -145,3 +116,62 @@ def load_run_config(path: str | os.PathLike[str], overrides: list[str] | tuple[s
     for name in cfg.variants:  # validate every variant now, so a typo fails before any training
         select_variant(cfg, name)
     return cfg
+
+
+def resolve_attack_config(*, run_dir: str | os.PathLike[str], config_path: str | os.PathLike[str] | None = None,
+                          variant: str | None = None, overrides: tuple[str, ...] = ()) -> AttackConfig:
+    """The attack settings for a run: the ``attack:`` section of ``config_path`` (its variant for this run), or
+    the defaults, with ``--set`` overrides applied.
+
+    Without a config file only ``attack.*`` keys may be overridden. With one, the variant is ``variant`` or
+    the one whose run name (``<name>-<variant>``) is the run directory's name.
+
+    >>> resolve_attack_config(run_dir="r", overrides=("attack.n_reference=4",)).n_reference
+    4
+
+    Raises:
+        ConfigError: unknown keys or values, a non-``attack.*`` override without a config file, or an
+            ambiguous variant.
+    """
+    if config_path is None:
+        bad = [o for o in overrides if parse_override(o)[0][0] != "attack"]
+        if bad:
+            raise ConfigError(f"--set {bad[0]}: audit attack only takes attack.* settings (training settings are "
+                              f"fixed by the run); pass --config to read a whole experiment file")
+        data = apply_overrides({"attack": {}}, list(overrides))
+        return validate_config(data["attack"] or {}, AttackConfig, source="attack settings")
+    cfg = load_run_config(config_path, list(overrides))
+    if cfg.variants and variant is None:
+        names = [v for v in cfg.variants if f"{cfg.name}-{v}" == Path(run_dir).name]
+        variant = names[0] if names else None
+    return select_variant(cfg, variant).attack
+
+
+def attacks_chosen(*, config_path: str | os.PathLike[str] | None, overrides: tuple[str, ...]) -> bool:
+    """Whether the user chose the attacks: a config file, or an ``attack.attacks`` override."""
+    return config_path is not None or any(parse_override(o)[0] == ["attack", "attacks"] for o in overrides)
+
+
+def resolve_epsilon_config(*, config_path: str | os.PathLike[str] | None = None, alpha: float | None = None,
+                           sources: str | tuple[str, ...] | None = None, attack: str | None = None,
+                           guesses: str | None = None) -> EpsilonConfig:
+    """The ε settings: the ``epsilon:`` section of ``config_path`` (or the defaults) with each given option on top.
+
+    Args:
+        config_path: experiment YAML whose ``epsilon`` section supplies the defaults.
+        alpha, attack, guesses: replace the setting when not None.
+        sources: the evidence sources, as a comma-separated string or a tuple (None: keep).
+
+    >>> resolve_epsilon_config(alpha=0.01, sources="pool, input_canaries").sources
+    ('pool', 'input_canaries')
+
+    Raises:
+        ConfigError: an unknown source, attack or value (one line).
+    """
+    base = load_run_config(config_path).epsilon if config_path is not None else EpsilonConfig()
+    data = base.model_dump()
+    if isinstance(sources, str):
+        sources = tuple(s.strip() for s in sources.split(",") if s.strip())
+    given = {"alpha": alpha, "sources": sources, "attack": attack, "guesses": guesses}
+    data.update({k: v for k, v in given.items() if v is not None})
+    return validate_config(data, EpsilonConfig, source="audit epsilon options")

@@ -41,12 +41,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from attacks.attack_file import AttackFile
+from attacks.registry import attack_names
 from audit.report import fmt
-from audit.report.inputs import AttackFile, RunFiles, level_key
+from audit.report.inputs import RunFiles, level_key
 from training.errors import UserError
 
 __all__ = [
-    "KNOWN_ATTACKS",
     "MaxClaimedEpsilon",
     "NoViolation",
     "TprAtFpr",
@@ -58,8 +59,6 @@ __all__ = [
     "evaluate_rule",
 ]
 
-KNOWN_ATTACKS = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_offline", "rmia_online",
-                 "rmia_offline")
 _ACCURACY_SLACK = 1e-12
 
 
@@ -68,8 +67,8 @@ class _Rule(BaseModel):
 
 
 def _check_attack(value: str) -> str:
-    if value != "max" and value not in KNOWN_ATTACKS:
-        raise ValueError(f"attack must be 'max' or one of {', '.join(KNOWN_ATTACKS)}, got {value!r}")
+    if value != "max" and value not in attack_names():
+        raise ValueError(f"attack must be 'max' or one of {', '.join(attack_names())}, got {value!r}")
     return value
 
 
@@ -211,11 +210,11 @@ def _eval_claimed(rule: MaxClaimedEpsilon, baseline: RunFiles, candidate: RunFil
 
 def _eval_violation(rule: NoViolation, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
     eps = _need(candidate.epsilon, "epsilon.json", candidate, "audit epsilon")
-    claimed = eps.claim(candidate.manifest.privacy.claimed_epsilon)
-    status, lb = eps.verdict.status, eps.verdict.best_epsilon_lb
+    claimed = eps.claimed_epsilon
+    status, lb = str(eps.verdict.status), eps.verdict.best_epsilon_lb
     over = lb is not None and math.isfinite(claimed) and lb > claimed
     ok = status != "VIOLATION" and not over
-    b_status = baseline.epsilon.verdict.status if baseline.epsilon is not None else fmt.MISSING
+    b_status = str(baseline.epsilon.verdict.status) if baseline.epsilon is not None else fmt.MISSING
     relation = "does not refute the claim" if ok else "exceeds the claimed"
     detail = f"verdict {status}: best ε lower bound {fmt.eps(lb)} {relation} ε = {fmt.eps(claimed)}"
     return RuleResult(rule=rule.rule, label="ε verdict", baseline=b_status,

@@ -160,7 +160,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         out.update(strongest_attack=name, auc=entry.metrics.auc,
                    tpr_at_0_1pct_fpr=entry.metrics.tpr_at_fpr.get("0.001"))
     if files.epsilon is not None:
-        out.update(epsilon_lb=files.epsilon.verdict.best_epsilon_lb, verdict=files.epsilon.verdict.status)
+        out.update(epsilon_lb=files.epsilon.verdict.best_epsilon_lb, verdict=str(files.epsilon.verdict.status))
     return out
 
 

@@ -1,8 +1,10 @@
 """Construct fake but schema-valid run directories for report and gate tests.
 
-A run directory is built from the documented schemas: ``manifest.json`` through the pydantic
-:class:`training.manifest.Manifest`, and ``metrics.json``, ``attack.json``, ``epsilon.json``, ``transfer.json``
-as plain JSON written with :func:`training.io.write_json` (non-finite floats become "inf"/"nan" strings).
+Every file is built with its writer's own model and written with its writer's function: ``manifest.json``
+through :class:`training.manifest.Manifest`, ``attack.json`` through :class:`attacks.attack_file.AttackFile`,
+``epsilon.json`` through :class:`audit.epsilon.runner.EpsilonReport` (its verdict by the runner's own
+:func:`~audit.epsilon.runner.judge_estimates`), ``transfer.json`` through
+:class:`audit.transfer.transfer_file.TransferFile`. So a reader that drifts from its writer fails here too.
 Attack curves are binormal: with separation ``d`` (higher score = member), TPR(FPR) = Φ(Φ⁻¹(FPR) + d) and
 AUC = Φ(d / √2), so every number is known in closed form.
 """
@@ -18,6 +20,13 @@ import numpy as np
 import yaml
 from scipy.stats import norm
 
+from attacks.attack_file import (AttackEntry, AttackFile, AttackMetrics, AttackSetup, ClassSlice, Roc, Utility,
+                                 write_attack_file)
+from audit.epsilon.estimate import EpsilonEstimate
+from audit.epsilon.epsilon_file import write_epsilon_file
+from audit.epsilon.runner import EpsilonReport, SourcedEstimate, judge_estimates
+from audit.transfer.transfer_file import (Accuracy, DecayEntry, Diagnostics, KnnEntry, LayerEntry, LinearProbeEntry,
+                                          SplitInfo, TransferFile, TransferRow, write_transfer_file)
 from training.io import fingerprint_arrays, read_json, sha256_file, write_json, write_npy, write_text
 from training.manifest import (
     DataInfo,
@@ -50,27 +59,51 @@ def binormal_tpr(fpr: np.ndarray | float, d: float) -> np.ndarray:
 
 
 def _attack_entry(d: float, *, n_members: int, n_nonmembers: int, pool_size: int, rng: np.random.Generator
-                  ) -> dict[str, Any]:
+                  ) -> AttackEntry:
     fpr = np.concatenate([[0.0], np.geomspace(1.0 / n_nonmembers, 1.0, 40)])
     tpr = binormal_tpr(fpr, d)
     tpr[0] = 0.0
     width = 1.5 * np.sqrt(np.maximum(tpr * (1 - tpr), 1e-6) / n_members)
     tpr_at = {lv: float(binormal_tpr(float(lv), d)) for lv in LEVELS}
-    tpr_ci = {lv: [max(0.0, v - 0.013 - 0.5 * v), min(1.0, v + 0.017 + 0.5 * v)] for lv, v in tpr_at.items()}
+    tpr_ci = {lv: (max(0.0, v - 0.013 - 0.5 * v), min(1.0, v + 0.017 + 0.5 * v)) for lv, v in tpr_at.items()}
     auc = float(norm.cdf(d / np.sqrt(2)))
-    return {
-        "params": {"d": d},
-        "metrics": {
-            "auc": auc, "auc_ci": [auc - 0.0123, min(1.0, auc + 0.0117)],
-            "tpr_at_fpr": tpr_at, "tpr_at_fpr_ci": tpr_ci,
-            "balanced_accuracy": float(0.5 + 0.5 * (auc - 0.5)),
-            "n_members": n_members, "n_nonmembers": n_nonmembers,
-        },
-        "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "tpr_lo": np.clip(tpr - width, 0, 1).tolist(),
-                "tpr_hi": np.clip(tpr + width, 0, 1).tolist()},
-        "per_class": {str(c): {"auc": float(auc + 0.01 * (c - 4.5) / 4.5), "n": int(20 + c)} for c in range(10)},
-        "most_vulnerable": [int(i) for i in rng.choice(pool_size, size=8, replace=False)],
-    }
+    return AttackEntry(
+        params={"d": d},
+        metrics=AttackMetrics(auc=auc, auc_ci=(auc - 0.0123, min(1.0, auc + 0.0117)), tpr_at_fpr=tpr_at,
+                              tpr_at_fpr_ci=tpr_ci, balanced_accuracy=float(0.5 + 0.5 * (auc - 0.5)),
+                              n_members=n_members, n_nonmembers=n_nonmembers),
+        roc=Roc(fpr=fpr.tolist(), tpr=tpr.tolist(), tpr_lo=np.clip(tpr - width, 0, 1).tolist(),
+                tpr_hi=np.clip(tpr + width, 0, 1).tolist()),
+        per_class={str(c): ClassSlice(auc=float(auc + 0.01 * (c - 4.5) / 4.5), n=int(20 + c)) for c in range(10)},
+        most_vulnerable=[int(i) for i in rng.choice(pool_size, size=8, replace=False)],
+    )
+
+
+def _accuracy(correct: int, total: int, half_width: float) -> Accuracy:
+    acc = correct / total
+    return Accuracy(correct=correct, total=total, accuracy=acc, ci_low=acc - half_width, ci_high=acc + half_width,
+                    confidence=0.95, method="wilson")
+
+
+def _transfer_file(run: Path, manifest: Manifest) -> TransferFile:
+    split = (lambda name, n: SplitInfo(split=name, n=n, fingerprint="e" * 64, classes_present=10))
+    layers = [LayerEntry(layer=f"block{i}", dim=16, fuzziness=4.0 * 0.6 ** i, fisher=0.2 + 0.1 * i, residual=0.5)
+              for i in range(4)]
+    ok = TransferRow(
+        dataset="cifar10", name="cifar10", root="/data/cifar10", status="ok", num_classes=10, image_size=8,
+        train=split("train", 1000), test=split("test", 1000), feature_dim=16, features_cached=False,
+        linear_probe=LinearProbeEntry(accuracy=_accuracy(712, 1000, 0.0112), C=1.0, val_accuracy={"1": 0.7},
+                                      n_train=900, n_val=100, n_test=1000, converged=True),
+        knn=KnnEntry(accuracy=_accuracy(654, 1000, 0.0111), k=20, temperature=0.07, n_train=1000, n_test=1000),
+        diagnostics=Diagnostics(n_examples=200, measure="fuzziness", layers=layers,
+                                decay=DecayEntry(rho=0.8123, intercept=1.386, r_squared=0.99, n_layers=4), note=None))
+    missing = TransferRow(dataset="svhn", name="svhn", root=None, status="missing",
+                          reason="missing: no data root for svhn")
+    return TransferFile(run={"dir": str(run), "name": run.name},
+                        model={"arch": manifest.model.arch, "weights_sha256": manifest.model.weights_sha256},
+                        privacy={"dp": manifest.privacy.dp, "claimed_epsilon": manifest.privacy.claimed_epsilon},
+                        image_size=8, device="cpu", suite={"name": "fixture"}, created="2025-01-01T00:00:00+00:00",
+                        datasets=[ok, missing])
 
 
 def make_run(
@@ -152,41 +185,26 @@ def make_run(
         n_non = pool_size - n_members
         entries = {name: _attack_entry(leakage * (0.3 + 0.25 * ALL_ATTACKS.index(name)), n_members=n_members,
                                        n_nonmembers=n_non, pool_size=pool_size, rng=rng) for name in attacks}
-        write_json(run / "attack.json", {
-            "format": "dp-audit-attack/1", "run": run.name,
-            "setup": {"n_reference": n_reference, "augmentations": ["identity", "flip"], "pool_size": pool_size,
-                      "n_members": n_members, "n_population": 100, "evaluation": "target",
-                      "recipe_hash": "1234abcd"},
-            "attacks": entries, "utility": {"test_accuracy": test_accuracy}})
+        write_attack_file(run, AttackFile(
+            run=run.name, inputs={"weights_sha256": manifest.model.weights_sha256},
+            setup=AttackSetup(n_reference=n_reference, augmentations=["identity", "flip"], pool_size=pool_size,
+                              n_members=n_members, n_population=100, evaluation="target", recipe_hash="1234abcd",
+                              executor="sequential", shadow_train_seconds=1.5),
+            attacks=entries, utility=Utility(test_accuracy=test_accuracy, train_accuracy=None)))
     if with_epsilon:
-        if not dp:
-            status = "NO_CLAIM"
-        else:
-            status = "VIOLATION" if epsilon_lb > claimed else "CONSISTENT"
-        estimates = [
-            {"method": "one_run", "source": "pool", "epsilon_lb": epsilon_lb, "alpha": 0.05, "delta": delta,
-             "counts": {"m": pool_size, "r": 60, "v": 57, "k_pos": 30, "k_neg": 30}, "ceiling": ceiling,
-             "assumptions": "members drawn independently with probability 1/2", "extra": {}},
-            {"method": "gdp", "source": "pool", "epsilon_lb": epsilon_lb / 2.1, "alpha": 0.05, "delta": delta,
-             "counts": {"n": pool_size}, "ceiling": float("inf"), "assumptions": "Gaussian trade-off curve",
-             "extra": {"mu": 0.3}},
-        ]
-        write_json(run / "epsilon.json", {
-            "format": "dp-audit-epsilon/1", "claimed_epsilon": claimed, "delta": delta, "alpha": 0.05,
-            "estimates": estimates,
-            "verdict": {"status": status, "best_epsilon_lb": epsilon_lb, "best_method": "one_run",
-                        "tightness": epsilon_lb / claimed if dp else None,
-                        "inconclusive_above": ceiling if (dp and ceiling < claimed) else None,
-                        "notes": ["best of 2 estimates"]}})
+        one_run = EpsilonEstimate(method="one_run", epsilon_lb=epsilon_lb, alpha=0.05, delta=delta,
+                                  counts={"m": pool_size, "r": 60, "v": 57, "k_pos": 30, "k_neg": 30}, ceiling=ceiling,
+                                  assumptions="members drawn independently with probability 1/2")
+        gdp = EpsilonEstimate(method="gdp", epsilon_lb=epsilon_lb / 2.1, alpha=0.05, delta=delta, counts={"n": pool_size},
+                              ceiling=float("inf"), assumptions="Gaussian trade-off curve", extra={"mu": 0.3})
+        estimates = (SourcedEstimate(source="pool", estimate=one_run, in_verdict=True),
+                     SourcedEstimate(source="pool", estimate=gdp, in_verdict=False))
+        write_epsilon_file(run, EpsilonReport(
+            run=run.name, inputs={"weights_sha256": manifest.model.weights_sha256}, claimed_epsilon=claimed,
+            delta=delta, alpha=0.05, estimates=estimates, skipped=(),
+            verdict=judge_estimates(claimed_epsilon=claimed, delta=delta, estimates=estimates)).to_file())
     if with_transfer:
-        write_json(run / "transfer.json", {"format": "dp-audit-transfer/1", "datasets": {
-            "cifar10": {"status": "ok", "reason": None,
-                        "protocols": {"linear_probe": {"accuracy": 0.71234, "ci": [0.70111, 0.72345]},
-                                      "knn": {"accuracy": 0.65432, "ci": [0.64321, 0.66543]}},
-                        "layers": [{"block": i, "separability": 0.2 + 0.1 * i, "residual": 0.5} for i in range(4)],
-                        "rho": 0.8123},
-            "svhn": {"status": "missing", "reason": "no data root for svhn", "protocols": {}, "layers": [],
-                     "rho": None}}})
+        write_transfer_file(run / "transfer.json", _transfer_file(run, manifest))
     return run
 
 

@@ -227,14 +227,11 @@ def test_thumbnails_from_load_pool_or_indices(tmp_path: Path, monkeypatch: pytes
 
 
 def test_thumbnails_with_the_real_digits_loader(tmp_path: Path) -> None:
-    data = pytest.importorskip("training.data", reason="training.data (dataset loaders) is not available")
     from training.config import DataConfig
+    from training.data import load_pool
 
     cfg = {"dataset": "digits", "pool_size": 60, "test_split": None}
-    try:
-        pool = data.load_pool(DataConfig.model_validate(cfg))
-    except Exception as exc:  # the loader belongs to another module; its failure is not this test's subject
-        pytest.skip(f"digits pool not loadable here: {exc}")
+    pool = load_pool(DataConfig.model_validate(cfg))  # scikit-learn's bundled digits: always available
     run = make_run(tmp_path / "digits", pool=(np.asarray(pool.x), np.asarray(pool.y)), config_data=cfg)
     html = write_report(run_dir=run).html.read_text()
     assert html.count('src="data:image/png;base64,') == 8
@@ -304,40 +301,44 @@ def test_report_json_is_plain_json(run: Path) -> None:
     assert data["provenance"]["commands"][1] == f"audit attack {run}"
 
 
-def test_reads_the_layouts_the_other_commands_write(tmp_path: Path) -> None:
-    """Intervals written as null, estimates without 'source', the verdict's own claim, transfer rows as a list."""
+def test_reads_what_audit_attack_writes_without_bootstrap(tmp_path: Path) -> None:
+    """An attack evaluated with n_boot = 0 (no intervals) by the writer's own evaluate_scores is reported."""
+    from attacks.attack_file import AttackEntry, read_attack_file, write_attack_file
+    from attacks.results import evaluate_scores
+
     run = make_run(tmp_path / "w")
-
-    def no_intervals(d: dict) -> None:
-        for entry in d["attacks"].values():
-            entry["metrics"]["auc_ci"] = None
-            entry["metrics"]["tpr_at_fpr_ci"] = None
-
-    def verdict_layout(d: dict) -> None:
-        d["verdict"].update(claimed_epsilon=d.pop("claimed_epsilon"), confidence=0.95, max_ceiling=6.54321)
-        d.pop("alpha")
-        for est in d["estimates"]:
-            est.pop("source")
-
-    update_json(run, "attack.json", no_intervals)
-    update_json(run, "epsilon.json", verdict_layout)
-    acc = {"correct": 712, "total": 1000, "accuracy": 0.712, "ci_low": 0.683, "ci_high": 0.739,
-           "confidence": 0.95, "method": "wilson"}
-    rows = [{"dataset": "cifar10", "name": "cifar10", "status": "ok", "linear_probe": {"accuracy": acc, "C": 1.0},
-             "knn": {"accuracy": {**acc, "accuracy": 0.6}, "k": 20},
-             "diagnostics": {"layers": [{"layer": f"layer{i}", "dim": 16, "fuzziness": 10.0 * 0.5 ** i,
-                                         "fisher": 0.1 * i, "residual": 0.5} for i in range(3)],
-                             "decay": {"rho": 0.5, "intercept": 2.3, "r_squared": 1.0, "n_layers": 3}},
-             "finetune": {"status": "error", "reason": "no head"}},
-            {"dataset": "svhn", "name": "svhn", "status": "missing", "reason": "missing: no svhn root"}]
-    update_json(run, "transfer.json", lambda d: d.update(datasets=rows))
-    paths = _write(run)
-    html = paths.html.read_text()
-    assert "0.7120" in _row(html, "data-transfer", "cifar10") and "[0.6830, 0.7390]" in html
-    assert "missing: no svhn root" in _row(html, "data-transfer", "svhn")
-    assert 'data-figure="transfer"' in html and "fuzziness" in html
-    assert 'data-status="CONSISTENT"' in html and "95% confidence" in html
-    best = read_json(paths.json)["attacks"]["strongest"]
-    tpr = read_json(run / "attack.json")["attacks"][best]["metrics"]["tpr_at_fpr"]["0.001"]
+    rng = np.random.default_rng(3)
+    y = rng.random(200) < 0.5
+    entry = AttackEntry.from_data({"params": {"attack": "loss"}, **evaluate_scores(
+        rng.normal(size=200) + y, y, rng.integers(0, 10, 200), n_boot=0, seed=0, top_k=4)})
+    assert entry.metrics.auc_ci is None and entry.metrics.tpr_at_fpr_ci == {}
+    old = read_attack_file(run)
+    write_attack_file(run, old.model_copy(update={"attacks": {"loss": entry}}))
+    html = _write(run).html.read_text()
+    assert _p4(entry.metrics.auc) in _row(html, "data-attack", "loss")
+    best = read_json(run / "report.json")["attacks"]["strongest"]
+    assert best == "loss"
+    tpr = entry.metrics.tpr_at_fpr["0.001"]
     assert f'data-field="strongest_tpr">{_p4(tpr)}<' in html
-    assert "0.154" in _row(html, "data-estimate", "0")  # tightness against the verdict's own claim (8)
+
+
+def test_an_epsilon_json_of_format_1_is_migrated_and_reported_alike(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "v1", epsilon_lb=9.5, ceiling=12.0)
+    new_html = _write(run).html.read_text()
+
+    def to_v1(d: dict) -> None:
+        d["format"] = "dp-audit-epsilon/1"
+        for key in ("claimed_epsilon", "claimed_delta", "violating", "findings"):
+            d["verdict"].pop(key)
+
+    update_json(run, "epsilon.json", to_v1)
+    assert _write(run).html.read_text() == new_html
+    assert 'data-status="VIOLATION"' in new_html
+
+
+def test_a_transfer_json_with_datasets_as_a_mapping_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "m")
+    update_json(run, "transfer.json", lambda d: d.update(datasets={"cifar10": {"status": "ok"}}))
+    res = CliRunner().invoke(main, ["report", str(run), "--no-images"])
+    assert res.exit_code == 2
+    assert "transfer.json" in res.output and "'datasets'" in res.output and f"audit transfer {run}" in res.output

@@ -6,30 +6,6 @@ import math
 
 import click
 
-from audit.config import EpsilonConfig
-
-
-def _config(config_file: str | None, alpha: float | None, sources: str | None, attack: str | None,
-            guesses: str | None) -> EpsilonConfig:
-    from training.config import validate_config
-
-    base = EpsilonConfig()
-    if config_file is not None:
-        from audit.config import load_run_config
-
-        base = load_run_config(config_file).epsilon
-    data = base.model_dump()
-    if alpha is not None:
-        data["alpha"] = alpha
-    if sources is not None:
-        data["sources"] = tuple(s.strip() for s in sources.split(",") if s.strip())
-    if attack is not None:
-        data["attack"] = attack
-    if guesses is not None:
-        data["guesses"] = guesses
-    return validate_config(data, EpsilonConfig, source="audit epsilon options")
-
-
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
@@ -62,10 +38,12 @@ def command(run_dir: str, alpha: float | None, sources: str | None, attack: str 
     from rich.console import Console
     from rich.table import Table
 
+    from audit.config import resolve_epsilon_config
     from audit.epsilon.runner import run_epsilon
 
-    report = run_epsilon(run_dir=run_dir, config=_config(config_file, alpha, sources, attack, guesses),
-                         trust_code=trust_code)
+    config = resolve_epsilon_config(config_path=config_file, alpha=alpha, sources=sources, attack=attack,
+                                    guesses=guesses)
+    report = run_epsilon(run_dir=run_dir, config=config, trust_code=trust_code)
     table = Table(title=f"empirical ε for {report.run} (claimed ε = {_fmt(report.claimed_epsilon)}, "
                         f"δ = {report.delta:.1e})")
     for col in ("source", "method", "ε_lb", "ceiling", "α", "counts", "verdict"):

@@ -36,10 +36,10 @@ def command(run_dir: Path, suite_path: Path, overrides: tuple[str, ...], out_pat
     log = None if quiet else (lambda msg: click.echo(f"transfer: {msg}", err=True))
     result = evaluate_transfer(run_dir=run_dir, suite=suite, out_path=out_path, cache_dir=cache_dir, log=log,
                                trust_code=trust_code)
-    table = Table(title=f"transfer: {result.data['run']['name']} on suite {suite.name}")
+    table = Table(title=f"transfer: {result.data.run['name']} on suite {suite.name}")
     for col in SUMMARY_COLUMNS:
         table.add_column(col, overflow="fold")
-    for row in summary_rows(result.data):
+    for row in summary_rows(result.data.datasets):
         table.add_row(*(row[c] for c in SUMMARY_COLUMNS))
     Console().print(table)
     click.echo(f"wrote {result.path}")

@@ -39,7 +39,7 @@ from audit.epsilon.one_run_fdp import (
     one_run_fdp_rejects,
 )
 from audit.epsilon.thresholds import Bonferroni, HeldOut, ThresholdStrategy, counts_at_thresholds
-from audit.epsilon.verdict import Verdict, VerdictStatus, verdict
+from audit.epsilon.verdict import Finding, Verdict, VerdictStatus, verdict
 
 __all__ = [
     "EpsilonEstimate",
@@ -68,6 +68,7 @@ __all__ = [
     "Bonferroni",
     "ThresholdStrategy",
     "counts_at_thresholds",
+    "Finding",
     "Verdict",
     "VerdictStatus",
     "verdict",

@@ -40,16 +40,18 @@ from audit.epsilon.one_run_fdp import epsilon_one_run_fdp_from_scores
 from audit.epsilon.sources import (SCORES_FILE, Evidence, Skipped, gradient_canary_evidence, input_canary_evidence,
                                    pool_evidence)
 from audit.epsilon.thresholds import HeldOut
+from audit.epsilon.epsilon_file import (EPSILON_FILE, EpsilonFile, EstimateEntry, SkippedEntry, read_epsilon_file,
+                                        write_epsilon_file)
+from audit.epsilon.verdict import Verdict
 from audit.epsilon.verdict import verdict as judge
-from training.io import read_json, sha256_bytes, sha256_file, write_json
+from training.io import sha256_bytes, sha256_file
+from training.result_json import CodeRecord
 from training.manifest import Manifest, load_membership, read_manifest, verify_weights
 from training.trust import CodeTrust, require_code_trust
 
-__all__ = ["FORMAT", "EPSILON_FILE", "SourcedEstimate", "RunVerdict", "EpsilonReport", "run_epsilon",
-           "epsilon_is_complete", "config_sha256", "k_grids", "claim_is_gaussian"]
+__all__ = ["SourcedEstimate", "EpsilonReport", "judge_estimates", "run_epsilon", "epsilon_is_complete",
+           "config_sha256", "k_grids", "claim_is_gaussian"]
 
-FORMAT = "dp-audit-epsilon/1"
-EPSILON_FILE = "epsilon.json"
 INDEPENDENCE = ("pool examples of one model treated as independent trials (heuristic, not a proven bound; "
                 "not used for the verdict)")
 
@@ -63,38 +65,18 @@ class SourcedEstimate:
     in_verdict: bool
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_entry(self) -> EstimateEntry:
+        """The ``estimates`` entry of ``epsilon.json``."""
         d = self.estimate.to_dict()
-        return {"method": d["method"], "source": self.source, "epsilon_lb": d["epsilon_lb"], "alpha": d["alpha"],
-                "delta": d["delta"], "counts": d["counts"], "ceiling": d["ceiling"],
-                "assumptions": d["assumptions"],
-                "extra": {**d["extra"], "in_verdict": self.in_verdict, "evidence": dict(self.provenance)}}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunVerdict:
-    """The ``verdict`` block of ``epsilon.json``."""
-
-    status: str
-    best_epsilon_lb: float
-    best_method: str | None
-    best_source: str | None
-    tightness: float | None
-    inconclusive_above: float | None
-    confidence: float
-    max_ceiling: float
-    notes: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "best_epsilon_lb": self.best_epsilon_lb, "best_method": self.best_method,
-                "best_source": self.best_source, "tightness": self.tightness,
-                "inconclusive_above": self.inconclusive_above, "confidence": self.confidence,
-                "max_ceiling": self.max_ceiling, "notes": list(self.notes)}
+        return EstimateEntry.from_data({
+            "method": d["method"], "source": self.source, "epsilon_lb": d["epsilon_lb"], "alpha": d["alpha"],
+            "delta": d["delta"], "counts": d["counts"], "ceiling": d["ceiling"], "assumptions": d["assumptions"],
+            "extra": {**d["extra"], "in_verdict": self.in_verdict, "evidence": dict(self.provenance)}})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EpsilonReport:
-    """Everything ``epsilon.json`` holds; :meth:`to_dict` is its exact content."""
+    """What :func:`run_epsilon` computed; :meth:`to_file` is the ``epsilon.json`` it writes."""
 
     run: str
     inputs: dict[str, str | None]
@@ -103,19 +85,17 @@ class EpsilonReport:
     alpha: float
     estimates: tuple[SourcedEstimate, ...]
     skipped: tuple[Skipped, ...]
-    verdict: RunVerdict
+    verdict: Verdict
     path: Path | None = None
     code: CodeTrust | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {"format": FORMAT, "run": self.run, "inputs": dict(self.inputs),
-               "claimed_epsilon": self.claimed_epsilon, "delta": self.delta, "alpha": self.alpha,
-               "estimates": [e.to_dict() for e in self.estimates],
-               "skipped": [{"source": s.source, "reason": s.reason} for s in self.skipped],
-               "verdict": self.verdict.to_dict()}
-        if self.code is not None:
-            out["code"] = self.code.to_dict()
-        return out
+    def to_file(self) -> EpsilonFile:
+        """The ``epsilon.json`` content (:class:`~audit.epsilon.epsilon_file.EpsilonFile`)."""
+        return EpsilonFile(run=self.run, inputs=dict(self.inputs), claimed_epsilon=self.claimed_epsilon,
+                           delta=self.delta, alpha=self.alpha, estimates=tuple(e.to_entry() for e in self.estimates),
+                           skipped=tuple(SkippedEntry(source=s.source, reason=s.reason) for s in self.skipped),
+                           verdict=self.verdict,
+                           code=None if self.code is None else CodeRecord.from_data(self.code.to_dict()))
 
 
 def config_sha256(config: EpsilonConfig) -> str:
@@ -190,7 +170,19 @@ def _estimate(method: str, ev: Evidence, *, delta: float, alpha: float, config: 
     return dataclasses.replace(est, assumptions=assumptions)
 
 
-def _verdict(claim: float, delta: float, ests: Sequence[SourcedEstimate], notes: list[str]) -> RunVerdict:
+def judge_estimates(*, claimed_epsilon: float, delta: float, estimates: Sequence[SourcedEstimate],
+                    notes: Sequence[str] = ()) -> Verdict:
+    """The verdict on sourced estimates: only those ``in_verdict`` decide; the others are listed in the notes.
+
+    Args:
+        claimed_epsilon: the claim (``inf``: no DP claim).
+        delta: the δ every estimate bounds ε at (the claim's δ).
+        estimates: the estimates, deciding and informational.
+        notes: remarks to append (e.g. where δ came from).
+    """
+    claim = claimed_epsilon
+    notes = list(notes)
+    ests = estimates
     deciding = [e for e in ests if e.in_verdict]
     info = [e for e in ests if not e.in_verdict]
     for e in info:
@@ -198,15 +190,10 @@ def _verdict(claim: float, delta: float, ests: Sequence[SourcedEstimate], notes:
                      f"(assumes: {e.estimate.assumptions or 'a Gaussian trade-off curve, which this claim is not'})")
     if not deciding:
         why = "every source was skipped" if not info else "every bound is for information only"
-        notes.insert(0, f"no evidence: {why}, so no violation could have been detected")
-        status = "NO_CLAIM" if math.isinf(claim) else "CONSISTENT"
-        return RunVerdict(status=status, best_epsilon_lb=0.0, best_method=None, best_source=None,
-                          tightness=None if math.isinf(claim) or claim == 0 else 0.0,
-                          inconclusive_above=None if math.isinf(claim) else 0.0, confidence=1.0, max_ceiling=0.0,
-                          notes=tuple(notes))
+        return Verdict.no_evidence(claimed_epsilon=claim, claimed_delta=delta if math.isfinite(claim) else None,
+                                   reason=why, notes=notes)
     v = judge(claimed_epsilon=claim, estimates=[e.estimate for e in deciding],
-              claimed_delta=delta if math.isfinite(claim) else None)
-    best = max(range(len(deciding)), key=lambda k: (deciding[k].estimate.epsilon_lb, -k))
+              claimed_delta=delta if math.isfinite(claim) else None, sources=[e.source for e in deciding])
     lead: list[str] = []
     if str(v.status) == "VIOLATION":
         lead += [f"{e.source}/{e.estimate.method}: ε_lb = {e.estimate.epsilon_lb:.4g} > claimed ε = {claim:.4g} "
@@ -215,10 +202,7 @@ def _verdict(claim: float, delta: float, ests: Sequence[SourcedEstimate], notes:
     lead += [n for n in v.notes if n.startswith(("inconclusive", "no DP claim"))]
     lead.append(f"{len(deciding)} bound(s) decide the verdict; the chance that any overstates ε is at most "
                 f"Σα = {sum(e.estimate.alpha for e in deciding):.4g}")
-    return RunVerdict(status=str(v.status), best_epsilon_lb=v.best_epsilon_lb, best_method=v.best_method,
-                      best_source=deciding[best].source, tightness=v.tightness,
-                      inconclusive_above=v.inconclusive_above, confidence=v.confidence, max_ceiling=v.max_ceiling,
-                      notes=tuple(lead + notes))
+    return v.model_copy(update={"notes": tuple(lead + notes)})
 
 
 def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, write: bool = True,
@@ -296,15 +280,16 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
                 "scores_sha256": sha256_file(scores_path) if scores_path.is_file() else None,
                 "config_sha256": config_sha256(config)},
         claimed_epsilon=claim, delta=delta, alpha=config.alpha, estimates=estimates, skipped=tuple(skipped),
-        verdict=_verdict(claim, delta, estimates, notes), code=code)
+        verdict=judge_estimates(claimed_epsilon=claim, delta=delta, estimates=estimates, notes=notes), code=code)
     if write:
-        path = write_json(run_dir / EPSILON_FILE, report.to_dict())
+        path = write_epsilon_file(run_dir, report.to_file())
         report = dataclasses.replace(report, path=path)
     return report
 
 
 def epsilon_is_complete(run_dir: str | Path, config: EpsilonConfig | None = None) -> bool:
-    """Whether ``<run_dir>/epsilon.json`` is current: same format, weights, ``scores.npz`` and config.
+    """Whether ``<run_dir>/epsilon.json`` is current: readable (current format or migrated), same weights,
+    ``scores.npz`` and config.
 
     >>> epsilon_is_complete("/nonexistent/run")
     False
@@ -315,13 +300,11 @@ def epsilon_is_complete(run_dir: str | Path, config: EpsilonConfig | None = None
     if not path.is_file() or not (run_dir / "manifest.json").is_file():
         return False
     try:
-        data = read_json(path, what="epsilon.json")
+        data = read_epsilon_file(path)
         manifest = read_manifest(run_dir)
     except ValueError:
         return False
-    inputs = data.get("inputs") if isinstance(data, dict) else None
-    if data.get("format") != FORMAT or not isinstance(inputs, dict):
-        return False
+    inputs = data.inputs
     scores_path = run_dir / SCORES_FILE
     scores_sha = sha256_file(scores_path) if scores_path.is_file() else None
     return (inputs.get("weights_sha256") == manifest.model.weights_sha256

@@ -11,16 +11,16 @@ violation at all and the verdict says so. A non-DP checkpoint (claimed ε = inf)
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Literal
 
 from audit.epsilon._validate import check_delta, check_nonnegative
 from audit.epsilon.estimate import EpsilonEstimate
+from training.result_json import Real, ResultModel
 
-__all__ = ["VerdictStatus", "Verdict", "verdict"]
+__all__ = ["VerdictStatus", "Finding", "Verdict", "verdict"]
 
 
 class VerdictStatus(enum.StrEnum):
@@ -31,65 +31,80 @@ class VerdictStatus(enum.StrEnum):
     NO_CLAIM = "NO_CLAIM"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Verdict:
-    """The verdict and the numbers behind it.
+class Finding(ResultModel):
+    """A problem with the claim found by a check other than an ε lower bound.
+
+    Attributes:
+        kind: what was checked, a stable identifier (e.g. ``"claim_not_from_mechanism"``).
+        severity: ``"error"``: the claim cannot stand as stated; ``"warning"``: it stands with a caveat.
+        message: one line for the reader, with the numbers behind it.
+    """
+
+    kind: str
+    severity: Literal["error", "warning"]
+    message: str
+
+
+class Verdict(ResultModel):
+    """The one verdict type: :func:`verdict` returns it and it is the ``verdict`` block of ``epsilon.json``.
 
     Attributes:
         status: ``VIOLATION``, ``CONSISTENT`` or ``NO_CLAIM``.
         claimed_epsilon: The ε the checkpoint claims (``inf`` for no DP claim).
         claimed_delta: The δ of the claim, when given.
-        estimates: The estimates judged, in input order.
-        tightness_by_estimate: ``ε_lb / claimed ε`` per estimate (``None`` when the claim is 0 or inf).
-        violating: Methods whose ``ε_lb`` exceeds the claim.
-        best_method: Method with the largest ``ε_lb`` (first on ties).
-        best_epsilon_lb: That largest ``ε_lb``.
+        best_epsilon_lb: The largest ``ε_lb`` among the deciding estimates (0 without any).
+        best_method: Method with the largest ``ε_lb`` (first on ties); None without estimates.
+        best_source: The evidence source of that estimate, when the caller knows it.
         tightness: ``best_epsilon_lb / claimed ε`` (``None`` when the claim is 0 or inf).
-        max_ceiling: Largest ceiling among the estimates.
         inconclusive_above: ``max_ceiling`` when the verdict is ``CONSISTENT`` and ``max_ceiling < claimed ε`` (no
             violation of the claim could have been detected), else ``None``.
         confidence: ``max(0, 1 - Σ alpha)``: probability that no estimate overstates ε.
+        max_ceiling: Largest ceiling among the estimates.
+        violating: Methods whose ``ε_lb`` exceeds the claim, in input order.
         notes: Human-readable remarks (inconclusiveness, assumptions, δ mismatches).
+        findings: Problems with the claim found by other checks (:class:`Finding`); an ``error`` finding means
+            the claim does not stand whatever the bounds say.
     """
 
     status: VerdictStatus
-    claimed_epsilon: float
-    claimed_delta: float | None
-    estimates: tuple[EpsilonEstimate, ...]
-    tightness_by_estimate: tuple[float | None, ...]
+    claimed_epsilon: Real
+    claimed_delta: Real | None
+    best_epsilon_lb: Real
+    best_method: str | None
+    best_source: str | None
+    tightness: Real | None
+    inconclusive_above: Real | None
+    confidence: Real
+    max_ceiling: Real
     violating: tuple[str, ...]
-    best_method: str
-    best_epsilon_lb: float
-    tightness: float | None
-    max_ceiling: float
-    inconclusive_above: float | None
-    confidence: float
     notes: tuple[str, ...]
+    findings: tuple[Finding, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python dictionary (the ``verdict`` block of ``epsilon.json``).
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        """The findings of severity ``error``."""
+        return tuple(f for f in self.findings if f.severity == "error")
 
-        The estimates themselves are not repeated; ``per_estimate`` lists, in input order, each one's method,
-        ``epsilon_lb``, ``ceiling``, ``tightness`` and whether it exceeds the claim.
+    def with_findings(self, *findings: Finding) -> Verdict:
+        """This verdict with ``findings`` appended.
+
+        >>> v = Verdict.no_evidence(claimed_epsilon=1.0, claimed_delta=1e-5, reason="no source")
+        >>> v.with_findings(Finding(kind="k", severity="error", message="m")).errors[0].kind
+        'k'
         """
-        return {
-            "status": str(self.status),
-            "claimed_epsilon": self.claimed_epsilon,
-            "claimed_delta": self.claimed_delta,
-            "best_method": self.best_method,
-            "best_epsilon_lb": self.best_epsilon_lb,
-            "tightness": self.tightness,
-            "max_ceiling": self.max_ceiling,
-            "inconclusive_above": self.inconclusive_above,
-            "confidence": self.confidence,
-            "violating": list(self.violating),
-            "per_estimate": [
-                {"method": e.method, "epsilon_lb": e.epsilon_lb, "ceiling": e.ceiling, "tightness": t,
-                 "exceeds_claim": math.isfinite(self.claimed_epsilon) and e.epsilon_lb > self.claimed_epsilon}
-                for e, t in zip(self.estimates, self.tightness_by_estimate, strict=True)
-            ],
-            "notes": list(self.notes),
-        }
+        return self.model_copy(update={"findings": self.findings + tuple(findings)})
+
+    @classmethod
+    def no_evidence(cls, *, claimed_epsilon: float, claimed_delta: float | None, reason: str,
+                    notes: Sequence[str] = ()) -> Verdict:
+        """The verdict when no bound decides: ``CONSISTENT`` (``NO_CLAIM`` for ε = inf) and inconclusive at 0."""
+        claim = check_nonnegative(claimed_epsilon, "claimed_epsilon", allow_inf=True)
+        finite = math.isfinite(claim)
+        return cls(status=VerdictStatus.CONSISTENT if finite else VerdictStatus.NO_CLAIM, claimed_epsilon=claim,
+                   claimed_delta=claimed_delta, best_epsilon_lb=0.0, best_method=None, best_source=None,
+                   tightness=0.0 if finite and claim > 0 else None, inconclusive_above=0.0 if finite else None,
+                   confidence=1.0, max_ceiling=0.0, violating=(), findings=(),
+                   notes=(f"no evidence: {reason}, so no violation could have been detected", *notes))
 
 
 def verdict(
@@ -97,6 +112,7 @@ def verdict(
     claimed_epsilon: float,
     estimates: Sequence[EpsilonEstimate],
     claimed_delta: float | None = None,
+    sources: Sequence[str] | None = None,
 ) -> Verdict:
     """Compare ε lower bounds with a claimed ε.
 
@@ -104,6 +120,8 @@ def verdict(
         claimed_epsilon: The claimed ε, in [0, inf] (``inf`` = no DP claim).
         estimates: At least one estimate; all should bound ε at the claim's δ.
         claimed_delta: The claim's δ in [0, 1); when given, every estimate's δ must equal it.
+        sources: the evidence source of each estimate, when known (one per estimate); the verdict records the
+            best one's.
 
     Returns:
         A :class:`Verdict`: ``VIOLATION`` iff some ``ε_lb > claimed_epsilon`` (finite claim), ``NO_CLAIM`` for an
@@ -117,8 +135,8 @@ def verdict(
     >>> from audit.epsilon.estimate import EpsilonEstimate
     >>> e = EpsilonEstimate(method="one_run", epsilon_lb=2.5, alpha=0.05, delta=1e-5, counts={}, ceiling=6.0)
     >>> v = verdict(claimed_epsilon=2.0, estimates=[e])
-    >>> str(v.status), v.tightness
-    ('VIOLATION', 1.25)
+    >>> str(v.status), v.tightness, v.violating
+    ('VIOLATION', 1.25, ('one_run',))
     """
     claim = check_nonnegative(claimed_epsilon, "claimed_epsilon", allow_inf=True)
     if claimed_delta is not None:
@@ -126,6 +144,8 @@ def verdict(
     ests = tuple(estimates)
     if not ests:
         raise ValueError("estimates must hold at least one EpsilonEstimate, got an empty sequence")
+    if sources is not None and len(sources) != len(ests):
+        raise ValueError(f"sources must name one source per estimate: {len(sources)} for {len(ests)} estimates")
     for k, e in enumerate(ests):
         if not isinstance(e, EpsilonEstimate):
             raise TypeError(f"estimates[{k}] must be an EpsilonEstimate, got {type(e).__name__}")
@@ -172,14 +192,14 @@ def verdict(
         status=status,
         claimed_epsilon=claim,
         claimed_delta=claimed_delta,
-        estimates=ests,
-        tightness_by_estimate=tightness,
-        violating=violating,
+        best_epsilon_lb=float(best_e.epsilon_lb),
         best_method=best_e.method,
-        best_epsilon_lb=best_e.epsilon_lb,
+        best_source=None if sources is None else str(sources[best]),
         tightness=tightness[best],
-        max_ceiling=max_ceiling,
         inconclusive_above=inconclusive_above,
         confidence=confidence,
+        max_ceiling=float(max_ceiling),
+        violating=violating,
         notes=tuple(notes),
+        findings=(),
     )

@@ -57,6 +57,9 @@ ATTACK_INFO: dict[str, tuple[str, str]] = {
                      "models that did not train on the image."),
 }
 
+#: the attack setup shown in the report
+_SETUP_KEYS = {"n_reference", "augmentations", "pool_size", "n_members", "n_population", "evaluation", "recipe_hash"}
+
 _HEADLINES = {
     "VIOLATION": "Privacy claim violated",
     "CONSISTENT": "No violation found",
@@ -138,7 +141,7 @@ def attacks_section(run: RunFiles, commands: dict[str, str], images: PoolImages 
             else:
                 vulnerable.append(Vulnerable(index=idx, label=None))
         note = images_note
-    return AttacksSection(ran=True, command=commands["attack"], setup=run.attack.setup.model_dump(),
+    return AttacksSection(ran=True, command=commands["attack"], setup=run.attack.setup.model_dump(include=_SETUP_KEYS),
                           levels=levels, rows=rows, strongest=best.name if best else None,
                           per_class=per_class, vulnerable=vulnerable, vulnerable_note=note)
 
@@ -151,19 +154,16 @@ def epsilon_section(run: RunFiles, commands: dict[str, str]) -> EpsilonSection:
                               best_epsilon_lb=None, best_method=None, tightness=None, inconclusive_above=None,
                               notes=[])
     e = run.epsilon
-    claimed = e.claim(claimed)
+    claimed = e.claimed_epsilon
     rows = []
     for est in e.estimates:
         tight = est.epsilon_lb / claimed if math.isfinite(claimed) and claimed > 0 else None
-        rows.append(EstimateRow(method=est.method, source=est.source or fmt.MISSING, counts=dict(est.counts),
+        rows.append(EstimateRow(method=est.method, source=est.source, counts=dict(est.counts),
                                 alpha=est.alpha, delta=est.delta, epsilon_lb=est.epsilon_lb, ceiling=est.ceiling,
                                 tightness=tight, assumptions=est.assumptions))
     v = e.verdict
-    conf = e.confidence()
-    alpha = e.alpha if e.alpha is not None else (None if conf is None else 1.0 - conf)
-    delta = e.delta if e.delta is not None else run.manifest.privacy.delta
-    return EpsilonSection(ran=True, command=commands["epsilon"], claimed_epsilon=claimed, delta=delta,
-                          alpha=alpha, rows=rows, status=v.status, best_epsilon_lb=v.best_epsilon_lb,
+    return EpsilonSection(ran=True, command=commands["epsilon"], claimed_epsilon=claimed, delta=e.delta,
+                          alpha=e.alpha, rows=rows, status=str(v.status), best_epsilon_lb=v.best_epsilon_lb,
                           best_method=v.best_method, tightness=v.tightness,
                           inconclusive_above=v.inconclusive_above, notes=list(v.notes))
 
@@ -235,14 +235,18 @@ def utility_section(run: RunFiles, commands: dict[str, str]) -> UtilitySection:
     rows: list[TransferRow] = []
     protocols: list[str] = []
     if run.transfer is not None:
-        for name, ds in run.transfer.datasets.items():
+        for ds in run.transfer.datasets:
             prot = {}
-            for pname, pr in ds.protocols.items():
-                prot[pname] = {"accuracy": pr.accuracy, "ci": pr.ci}
+            for pname, acc in ds.accuracies().items():
+                prot[pname] = {"accuracy": acc.accuracy, "ci": (acc.ci_low, acc.ci_high)}
                 if pname not in protocols:
                     protocols.append(pname)
-            rows.append(TransferRow(dataset=name, status=ds.status, reason=ds.reason, protocols=prot, rho=ds.rho,
-                                    layers=[layer.model_dump() for layer in ds.layers]))
+            diag = ds.diagnostics
+            layers = [{"block": layer.layer, "separability": None, "fuzziness": layer.fuzziness,
+                       "fisher": layer.fisher, "residual": layer.residual} for layer in (diag.layers if diag else [])]
+            rho = diag.decay.rho if diag is not None and diag.decay is not None else None
+            rows.append(TransferRow(dataset=ds.dataset, status=ds.status, reason=ds.reason, protocols=prot, rho=rho,
+                                    layers=layers))
     return UtilitySection(metrics_ran=m is not None, metrics_command=commands["train"], test_accuracy=test_acc,
                           train_accuracy=train_acc, generalisation_gap=gap, steps=m.steps if m else None,
                           final_loss=m.final_loss if m else None, epsilon_spent=m.epsilon_spent if m else None,

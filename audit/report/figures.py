@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from audit.report import fmt
-from audit.report.inputs import AttackFile
+from attacks.attack_file import AttackFile
 from audit.report.model import EstimateRow, TransferRow
 
 __all__ = ["roc_svg", "epsilon_svg", "transfer_svg", "figure_to_svg"]
@@ -79,7 +79,7 @@ def roc_svg(attack: AttackFile, *, names: dict[str, str] | None = None, levels: 
     Returns:
         An ``<svg>`` string, or None when no attack has a ROC curve.
     """
-    entries = [(k, e) for k, e in attack.attacks.items() if e.roc is not None and e.roc.fpr]
+    entries = [(k, e) for k, e in attack.attacks.items() if e.roc.fpr]
     if not entries:
         return None
     n_non = [e.metrics.n_nonmembers for _, e in entries if e.metrics.n_nonmembers]

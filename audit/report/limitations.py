@@ -10,20 +10,19 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from attacks.config import reference_free_attacks
 from audit.report import fmt
 
 if TYPE_CHECKING:  # pragma: no cover
     from audit.report.inputs import RunFiles
     from audit.report.model import Report
 
-__all__ = ["limitations", "FEW_REFERENCE_MODELS", "CROSS_CHECK_RTOL", "REFERENCE_FREE_ATTACKS"]
+__all__ = ["limitations", "FEW_REFERENCE_MODELS", "CROSS_CHECK_RTOL"]
 
 #: Fewer reference models than this are flagged (LiRA/RMIA papers report 64 to 256).
 FEW_REFERENCE_MODELS = 16
 #: A relative gap between the claimed epsilon and the second accountant's above this is flagged.
 CROSS_CHECK_RTOL = 0.05
-#: Attacks that use no reference models.
-REFERENCE_FREE_ATTACKS = frozenset({"loss", "attack_p"})
 
 
 def _lower_bounds(report: Report) -> list[str]:
@@ -82,7 +81,7 @@ def _attacks(run: RunFiles, report: Report) -> list[str]:
         return out
     names = {r.name for r in a.rows}
     k = run.attack.setup.n_reference if run.attack else None
-    if names and names <= REFERENCE_FREE_ATTACKS:
+    if names and names <= set(reference_free_attacks()):
         out.append("Only reference-free attacks (LOSS, Attack-P) were run; attacks with reference models "
                    "(LiRA, RMIA) are much stronger at low false-positive rates.")
     elif k is not None and k < FEW_REFERENCE_MODELS:

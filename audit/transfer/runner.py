@@ -19,7 +19,7 @@ import json
 import os
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,11 +36,10 @@ from training.checkpoint import load_model_from_run
 from training.trust import require_code_trust
 from training.data import ImageSet, limit_indices, load_dataset
 from training.errors import ConfigError, DataError, UserError
-from training.io import write_json
+from audit.transfer.transfer_file import (TRANSFER_FILE, TRANSFER_FORMAT, TransferFile, TransferRow,
+                                          write_transfer_file)
 
-__all__ = ["TRANSFER_FORMAT", "TransferResult", "evaluate_transfer", "resolve_device"]
-
-TRANSFER_FORMAT = "dp-audit-transfer/1"
+__all__ = ["TransferResult", "evaluate_transfer", "resolve_device"]
 
 Log = Callable[[str], None]
 
@@ -50,27 +49,20 @@ class TransferResult:
     """What :func:`evaluate_transfer` wrote: the whole ``transfer.json`` content and where it went.
 
     Attributes:
-        data: the JSON-ready result (``format``, ``run``, ``model``, ``suite``, ``datasets`` rows, ...).
+        data: the result (:class:`~audit.transfer.transfer_file.TransferFile`).
         path: the file written.
     """
 
-    data: dict[str, Any]
+    data: TransferFile
     path: Path
-    rows: tuple[dict[str, Any], ...] = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rows", tuple(self.data["datasets"]))
-
-    def row(self, dataset: str) -> dict[str, Any]:
+    def row(self, dataset: str) -> TransferRow:
         """The result row of one dataset (by its suite label).
 
         Raises:
             KeyError: if the suite had no such dataset.
         """
-        for r in self.rows:
-            if r["dataset"] == dataset:
-                return r
-        raise KeyError(f"no dataset {dataset!r} in this result; have {[r['dataset'] for r in self.rows]}")
+        return self.data.row(dataset)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -223,7 +215,7 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
     cache = Path(cache_dir) if cache_dir is not None else run_dir / "features"
     rows = [_evaluate_dataset(model, spec, suite=suite, model_id=model_id, image_size=image_size,
                               cache_dir=cache, device=device, log=say) for spec in suite.datasets]
-    data = {
+    data = TransferFile.from_data({
         "format": TRANSFER_FORMAT,
         "run": {"dir": str(run_dir), "name": manifest.run_name},
         "model": {"arch": manifest.model.arch, "weights_sha256": manifest.model.weights_sha256,
@@ -236,7 +228,7 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "datasets": rows,
         "code": code.to_dict(),
-    }
-    path = Path(out_path) if out_path is not None else run_dir / "transfer.json"
-    write_json(path, data)
+    })
+    path = Path(out_path) if out_path is not None else run_dir / TRANSFER_FILE
+    write_transfer_file(path, data)
     return TransferResult(data=data, path=path)

@@ -1,0 +1,133 @@
+"""The ``attack.json`` schema (format ``dp-audit-attack/1``), written by :func:`attacks.runner.run_attack`.
+
+One strict model per block; :func:`read_attack_file` is the only reader (the report, the gate and the tests use
+it). Every score behind these numbers is "higher = member". ``tpr_at_fpr`` keys are FPR levels written as
+strings (``"0.001"``); intervals are ``[low, high]`` and ``null`` when the attack ran without bootstrap.
+
+>>> m = AttackMetrics.model_validate_json('{"auc": "nan", "auc_ci": null, "tpr_at_fpr": {"0.001": 0.01}, '
+...     '"tpr_at_fpr_ci": {}, "balanced_accuracy": 0.5, "n_members": 3, "n_nonmembers": 4}')
+>>> m.auc
+nan
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from training.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+
+__all__ = ["ATTACK_FORMAT", "ATTACK_FILE", "Interval", "AttackMetrics", "Roc", "ClassSlice", "LeaveOneOut",
+           "AttackEntry", "AttackSetup", "Utility", "AttackFile", "read_attack_file", "write_attack_file",
+           "summary_rows"]
+
+ATTACK_FORMAT = "dp-audit-attack/1"
+ATTACK_FILE = "attack.json"
+
+Interval = tuple[Real, Real]
+
+
+class AttackMetrics(ResultModel):
+    """Summary metrics of one attack (:func:`attacks.results.evaluate_scores`)."""
+
+    auc: Real
+    auc_ci: Interval | None
+    tpr_at_fpr: dict[str, Real]
+    tpr_at_fpr_ci: dict[str, Interval | None]
+    balanced_accuracy: Real
+    n_members: int
+    n_nonmembers: int
+
+
+class Roc(ResultModel):
+    """The ROC read at a grid of FPRs, with a pointwise bootstrap band on the TPR (equal to it without one)."""
+
+    fpr: list[Real]
+    tpr: list[Real]
+    tpr_lo: list[Real]
+    tpr_hi: list[Real]
+
+
+class ClassSlice(ResultModel):
+    auc: Real | None
+    n: int
+
+
+class LeaveOneOut(ResultModel):
+    """Mean and std over leave-one-out rounds (:func:`attacks.results.loo_summary`)."""
+
+    auc_mean: Real
+    auc_std: Real
+    n_runs: int
+    tpr_at_fpr_mean: dict[str, Real]
+    tpr_at_fpr_std: dict[str, Real]
+
+
+class AttackEntry(ResultModel):
+    """One attack: its parameters, metrics, ROC, per-class AUC, most exposed members (pool positions)."""
+
+    _omit_if_none = frozenset({"leave_one_out"})
+
+    params: dict[str, Any]
+    metrics: AttackMetrics
+    roc: Roc
+    per_class: dict[str, ClassSlice]
+    most_vulnerable: list[int]
+    leave_one_out: LeaveOneOut | None = None  # written only when evaluation is leave_one_out or both
+
+
+class AttackSetup(ResultModel):
+    n_reference: int
+    augmentations: list[str]
+    pool_size: int
+    n_members: int
+    n_population: int
+    evaluation: Literal["target", "leave_one_out", "both"]
+    recipe_hash: str | None
+    executor: str | None
+    shadow_train_seconds: Real
+
+
+class Utility(ResultModel):
+    """Test and train accuracy of the target (from ``metrics.json``, else measured by ``audit attack``)."""
+
+    test_accuracy: Real | None
+    train_accuracy: Real | None
+
+
+class AttackFile(ResultModel):
+    """``attack.json``: what was attacked (``inputs``: the freshness record), how, and every attack's results."""
+
+    _omit_if_none = frozenset({"code"})
+
+    format: Literal["dp-audit-attack/1"] = ATTACK_FORMAT
+    run: str
+    inputs: dict[str, str | None]
+    setup: AttackSetup
+    attacks: dict[str, AttackEntry]
+    utility: Utility
+    code: CodeRecord | None = None  # which code the run named and whether it was trusted (absent: older file)
+
+
+def read_attack_file(path: str | os.PathLike[str]) -> AttackFile:
+    """Read and validate ``attack.json`` (a run directory or the file itself).
+
+    Raises:
+        CheckpointError: missing, not JSON, another format, or not this schema (one line: key and remedy).
+    """
+    path = Path(path)
+    path = path / ATTACK_FILE if path.is_dir() else path
+    return read_result(path, AttackFile, fmt=ATTACK_FORMAT, remake=f"audit attack {path.parent}")
+
+
+def write_attack_file(run_dir: str | os.PathLike[str], data: AttackFile) -> Path:
+    """Write ``<run_dir>/attack.json`` atomically."""
+    return write_result(Path(run_dir) / ATTACK_FILE, data)
+
+
+def summary_rows(data: AttackFile) -> list[dict[str, Any]]:
+    """One row per attack: name, AUC, its interval, TPR at each FPR level and the leave-one-out mean AUC."""
+    return [{"attack": name, "auc": e.metrics.auc, "auc_ci": e.metrics.auc_ci, "tpr_at_fpr": e.metrics.tpr_at_fpr,
+             "loo_auc": e.leave_one_out.auc_mean if e.leave_one_out is not None else None}
+            for name, e in data.attacks.items()]

@@ -1,0 +1,98 @@
+"""Membership-inference attack settings (the ``attack:`` section of an experiment config; `audit attack`).
+
+One strict, frozen model: unknown or misspelt keys are errors, attack names come from the registry
+(:func:`attacks.registry.attack_names`). :func:`attacks.runner.run_attack` takes it as it is.
+
+>>> cfg = AttackConfig(attacks=("loss", "lira_online"), n_reference=4)
+>>> cfg.needs_references, cfg.augmentations.names
+(True, ('identity', 'flip'))
+>>> fit_to_run(cfg, has_recipe=False, attacks_chosen=False)[0].attacks
+('loss', 'attack_p')
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from attacks.registry import attack_names, needs_reference
+from attacks.signals import AugmentationSpec
+from training.config import Strict
+from training.io import sha256_bytes
+
+__all__ = ["AttackConfig", "EXECUTION_ONLY", "reference_free_attacks", "fit_to_run"]
+
+#: settings that change how fast results come, not what they are: left out of :meth:`AttackConfig.sha256`
+EXECUTION_ONLY = ("executor", "workers", "device", "signal_batch_size", "max_models_per_batch")
+
+
+class AttackConfig(Strict):
+    """Membership-inference attack settings (`audit attack`)."""
+
+    n_reference: int = Field(16, ge=0, description="reference (shadow) models; 0: only reference-free attacks")
+    attacks: tuple[str, ...] = Field(default_factory=attack_names, description="attacks to run (registry names)")
+    flip: bool = Field(True, description="query the horizontal flip too")
+    shifts: int = Field(0, ge=0, description="query +-k pixel shifts")
+    executor: Literal["auto", "batched", "sequential", "process"] = "auto"
+    workers: int = Field(1, ge=1)
+    population: int = Field(500, ge=0, description="population samples z for RMIA (from the test split)")
+    evaluation: Literal["target", "leave_one_out", "both"] = "target"
+    n_bootstrap: int = Field(200, ge=0)
+    rmia_gamma: float = Field(1.0, gt=0.0)
+    rmia_offline_a: float = Field(0.3, ge=0.0, le=1.0)
+    top_vulnerable: int = Field(20, ge=0)
+    seed: int = Field(0, description="seed of the keep masks, reference-model seeds, population draw, bootstrap")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where reference models train and run")
+    signal_batch_size: int = Field(512, gt=0, description="examples per forward pass when computing signals")
+    max_models_per_batch: int | None = Field(None, gt=0, description="batched executor: most models at once "
+                                             "(None: as many as fit in memory)")
+
+    @model_validator(mode="after")
+    def _check(self) -> AttackConfig:
+        valid = attack_names()
+        unknown = [a for a in self.attacks if a not in valid]
+        if unknown:
+            raise ValueError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(valid)}")
+        return self
+
+    @property
+    def augmentations(self) -> AugmentationSpec:
+        """The augmented queries of every example."""
+        return AugmentationSpec(flip=bool(self.flip), shifts=int(self.shifts))
+
+    @property
+    def needs_references(self) -> bool:
+        """Whether reference models are needed (an attack needs them, or leave-one-out evaluation)."""
+        return self.evaluation != "target" or any(needs_reference(a) for a in self.attacks)
+
+    def sha256(self) -> str:
+        """sha256 of the settings that determine the results (:data:`EXECUTION_ONLY` left out).
+
+        ``attack.json`` records it; results are stale when it changes.
+        """
+        data = self.model_dump(exclude=set(EXECUTION_ONLY))
+        return sha256_bytes(json.dumps(data, sort_keys=True, default=list).encode("utf-8"))
+
+
+def reference_free_attacks() -> tuple[str, ...]:
+    """The registry's attacks that need no reference models, in registry order."""
+    return tuple(a for a in attack_names() if not needs_reference(a))
+
+
+def fit_to_run(config: AttackConfig, *, has_recipe: bool, attacks_chosen: bool) -> tuple[AttackConfig, str | None]:
+    """The settings to use on a run, and a note when they were narrowed.
+
+    A run without a training recipe (an imported checkpoint: no ``config.yaml``) cannot have reference models
+    trained for it. Unless the user chose the attacks (``attacks_chosen``: a config file or ``attack.attacks``
+    set explicitly), only the reference-free attacks run, evaluated on the target.
+
+    Returns:
+        ``(config, note)``; ``note`` is None when nothing changed.
+    """
+    if has_recipe or attacks_chosen:
+        return config, None
+    free = reference_free_attacks()
+    narrowed = config.model_copy(update={"attacks": free, "evaluation": "target"})
+    return narrowed, f"has no training recipe (config.yaml): running only {', '.join(free)}"
