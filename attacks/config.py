@@ -5,7 +5,7 @@ One strict, frozen model: unknown or misspelt keys are errors, attack names come
 
 >>> cfg = AttackConfig(attacks=("loss", "lira_online"), n_reference=4)
 >>> cfg.needs_references, cfg.augmentations.names
-(True, ('identity', 'flip'))
+(True, ('identity', 'hflip'))
 >>> fit_to_run(cfg, has_recipe=False, attacks_chosen=False)[0].attacks
 ('loss', 'attack_p')
 """

@@ -22,7 +22,7 @@ from attacks.registry import attack_names
 from training.config import Strict, TrainConfig, apply_overrides, load_yaml, parse_override, validate_config
 from training.errors import ConfigError
 
-__all__ = ["AttackConfig", "EpsilonConfig", "TransferRunConfig", "ReportConfig", "RunConfig", "load_run_config",
+__all__ = ["EpsilonConfig", "TransferRunConfig", "ReportConfig", "RunConfig", "load_run_config",
            "select_variant", "variant_names",
            "resolve_attack_config", "attacks_chosen", "resolve_epsilon_config"]
 

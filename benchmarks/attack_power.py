@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from attacks.runner import run_attack
-from audit.config import ATTACK_NAMES, AttackConfig
+from attacks.config import AttackConfig
+from attacks.registry import attack_names
 from training.config import TrainConfig
 from _common import add_output_args, emit
 
@@ -72,13 +73,13 @@ def run_one(args: argparse.Namespace, preset: str) -> str:
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
     target = train(cfg, progress=False, overwrite=True)
     t_train, cpu_train = time.perf_counter() - t0, _cpu_seconds() - cpu0
-    config = AttackConfig(n_reference=args.n_reference, attacks=ATTACK_NAMES, flip=True, shifts=0,
+    config = AttackConfig(n_reference=args.n_reference, attacks=attack_names(), flip=True, shifts=0,
                           population=args.population, evaluation="both", n_bootstrap=args.n_bootstrap,
                           seed=args.seed, executor=args.executor, device="cpu")
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
     result = run_attack(run_dir=target.run_dir, config=config, retrain_shadows=True, progress=True)
     t_attack, cpu_attack = time.perf_counter() - t0, _cpu_seconds() - cpu0
-    return render(args, preset, cfg, target, result.report, (t_train, cpu_train), (t_attack, cpu_attack))
+    return render(args, preset, cfg, target, result.report.model_dump(), (t_train, cpu_train), (t_attack, cpu_attack))
 
 
 def run(args: argparse.Namespace) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attacks.runner import run_attack
-from audit.config import AttackConfig
+from attacks.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
 from _common import add_output_args, emit
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> str:
     t0 = time.perf_counter()
     result = run_attack(run_dir=args.run, config=config, progress=False)
     t_attack = time.perf_counter() - t0
-    return render(args, imported, result.report, t_import, t_attack)
+    return render(args, imported, result.report.model_dump(), t_import, t_attack)
 
 
 def _ci(v: list[float] | None, scale: float = 1.0, digits: int = 3) -> str:

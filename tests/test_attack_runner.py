@@ -12,11 +12,13 @@ import torch
 from click.testing import CliRunner
 
 from attacks.metrics import auc, tpr_at_fpr
-from attacks.results import ATTACK_SPECS, banded_roc, roc_grid
+from attacks.config import AttackConfig, fit_to_run
+from attacks.registry import ATTACK_SPECS, attack_names
+from attacks.results import banded_roc, roc_grid
 from attacks.runner import attack_is_complete, run_attack
 from attacks.target import load_target
 from audit.cli import main
-from audit.config import ATTACK_NAMES, AttackConfig
+from audit.config import resolve_attack_config
 from training.config import TrainConfig
 from training.errors import CheckpointError, UserError
 from training.io import read_json, write_json
@@ -72,7 +74,7 @@ def test_attack_json_has_the_documented_schema(attacked) -> None:
     assert (setup["n_reference"], setup["pool_size"], setup["n_population"], setup["evaluation"]) == (K, 96, 20, "both")
     assert setup["augmentations"] == ["identity", "hflip"] and setup["executor"] == "batched"
     assert setup["n_members"] == manifest["data"]["membership"]["n_members"]
-    assert set(report["attacks"]) == set(ATTACK_NAMES) == set(ATTACK_SPECS)
+    assert set(report["attacks"]) == set(attack_names()) == set(ATTACK_SPECS)
     for name, entry in report["attacks"].items():
         assert set(entry) == {"params", "metrics", "roc", "per_class", "most_vulnerable", "leave_one_out"}, name
         m = entry["metrics"]
@@ -110,11 +112,11 @@ def test_scores_npz_rebuilds_every_metric(attacked) -> None:
             assert set(entry["most_vulnerable"]) <= members and len(entry["most_vulnerable"]) == 5
 
 
-@pytest.mark.parametrize("name", ATTACK_NAMES)
+@pytest.mark.parametrize("name", attack_names())
 def test_members_score_higher_on_an_overfit_target(attacked, name: str) -> None:
     s, y = attacked.scores[name], attacked.membership
     assert np.median(s[y]) > np.median(s[~y])          # robust to LiRA's heavy tails with K = 4
-    assert attacked.report["attacks"][name]["metrics"]["auc"] > 0.6
+    assert attacked.report.attacks[name].metrics.auc > 0.6
 
 
 def test_banded_roc_reads_the_exact_roc() -> None:
@@ -189,7 +191,7 @@ def test_reference_attacks_need_reference_models(run_copy: Path) -> None:
         run_attack(run_dir=run_copy, config=_config(n_reference=0, evaluation="target"), progress=False)
     out = run_attack(run_dir=run_copy, config=_config(n_reference=0, evaluation="target",
                                                       attacks=("loss", "attack_p")), progress=False)
-    assert out.report["setup"]["n_reference"] == 0 and out.report["setup"]["recipe_hash"] is None
+    assert out.report.setup.n_reference == 0 and out.report.setup.recipe_hash is None
 
 
 def test_cli_attack_exit_codes(run_copy: Path) -> None:
@@ -207,8 +209,6 @@ def test_cli_attack_exit_codes(run_copy: Path) -> None:
 
 
 def test_attack_settings_come_from_the_runs_variant(tmp_path: Path) -> None:
-    from audit.commands.attack import resolve_attack_config
-
     path = tmp_path / "exp.yaml"
     path.write_text("name: exp\nattack: {n_reference: 8}\n"
                     "variants:\n  a: {attack.n_reference: 4}\n  b: {privacy.enabled: false}\n")
@@ -219,3 +219,27 @@ def test_attack_settings_come_from_the_runs_variant(tmp_path: Path) -> None:
     assert resolve_attack_config(run_dir=tmp_path / "x", overrides=("attack.population=7",)).population == 7
     with pytest.raises(UserError, match="n_refs"):
         resolve_attack_config(run_dir=tmp_path / "x", overrides=("attack.n_refs=7",))
+
+
+def test_attack_config_is_strict_and_its_hash_is_stable() -> None:
+    # pinned: attack.json files written before AttackConfig moved into attacks/ must stay current
+    assert AttackConfig().sha256() == "a7f26f75d2ca7e37f07d664464e06918f4a78f147e96bff975ae7d92640ffbe6"
+    cfg = AttackConfig(n_reference=4, attacks=("loss", "rmia_offline"), shifts=1, seed=3, workers=4)
+    assert cfg.sha256() == "2c098a29694c68e991319fdda1bd38e6e53c6778404ca23e392913752b92dfde"
+    assert AttackConfig().attacks == attack_names()
+    with pytest.raises(ValueError, match="n_refs"):
+        AttackConfig.model_validate({"n_refs": 4})  # a renamed field is an error, never a silent default
+    with pytest.raises(ValueError, match="unknown attack"):
+        AttackConfig(attacks=("lira",))
+    with pytest.raises(TypeError, match="AttackConfig"):
+        run_attack(run_dir="nowhere", config={"n_reference": 4}, progress=False)
+
+
+def test_reference_free_fallback_for_a_run_without_recipe() -> None:
+    cfg = AttackConfig(evaluation="both")
+    same, note = fit_to_run(cfg, has_recipe=True, attacks_chosen=False)
+    assert same is cfg and note is None
+    assert fit_to_run(cfg, has_recipe=False, attacks_chosen=True) == (cfg, None)
+    narrowed, note = fit_to_run(cfg, has_recipe=False, attacks_chosen=False)
+    assert narrowed.attacks == ("loss", "attack_p") and narrowed.evaluation == "target"
+    assert not narrowed.needs_references and "loss, attack_p" in note

@@ -16,7 +16,8 @@ import torch
 from click.testing import CliRunner
 
 from audit.config import EpsilonConfig
-from audit.epsilon.runner import FORMAT, claim_is_gaussian, epsilon_is_complete, k_grids, run_epsilon
+from audit.epsilon.epsilon_file import EPSILON_FORMAT
+from audit.epsilon.runner import claim_is_gaussian, epsilon_is_complete, k_grids, run_epsilon
 from audit.epsilon.sources import (Evidence, Skipped, finite_scores, gradient_canary_evidence, input_canary_evidence,
                                    pool_evidence)
 from training.config import TrainConfig, dump_config
@@ -28,6 +29,8 @@ from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, Ph
 
 TOP_KEYS = ["format", "run", "inputs", "claimed_epsilon", "delta", "alpha", "estimates", "skipped", "verdict", "code"]
 ESTIMATE_KEYS = ["method", "source", "epsilon_lb", "alpha", "delta", "counts", "ceiling", "assumptions", "extra"]
+VERDICT_KEYS = ["status", "claimed_epsilon", "claimed_delta", "best_epsilon_lb", "best_method", "best_source",
+                "tightness", "inconclusive_above", "confidence", "max_ceiling", "violating", "notes", "findings"]
 
 
 def make_run(run_dir: Path, *, pool: int = 600, epsilon: float | None = 1.0, delta: float = 1e-5, p: float = 0.5,
@@ -102,7 +105,8 @@ def test_strong_pool_attack_gives_violation_with_exact_schema(tmp_path):
     report = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)))
     data = read(run)
     assert list(data) == TOP_KEYS
-    assert data["format"] == FORMAT and data["run"] == "r"
+    assert data["format"] == EPSILON_FORMAT and data["run"] == "r"
+    assert list(data["verdict"]) == VERDICT_KEYS
     assert set(data["inputs"]) == {"weights_sha256", "scores_sha256", "config_sha256"}
     assert data["inputs"]["scores_sha256"] == sha256_file(run / "scores.npz")
     assert [list(e) for e in data["estimates"]] == [ESTIMATE_KEYS] * len(data["estimates"])
@@ -144,7 +148,7 @@ def test_gaussian_claim_brings_fdp_into_the_verdict_and_splits_alpha(tmp_path):
     run = make_run(tmp_path / "r", epsilon=8.0, sample_rate=1.0)
     assert claim_is_gaussian(read_manifest(run))
     write_scores(run, signal=0.5)
-    data = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",), alpha=0.1)).to_dict()
+    data = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",), alpha=0.1)).to_file().model_dump()
     deciding = {e["method"]: e["alpha"] for e in data["estimates"] if e["extra"]["in_verdict"]}
     assert deciding == {"one_run": pytest.approx(0.05), "one_run_fdp": pytest.approx(0.05)}
     assert data["verdict"]["status"] == "CONSISTENT"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from attacks.runner import run_attack
 from attacks.target import IMPORT_FILE, load_target
 from audit.cli import main
-from audit.config import AttackConfig
+from attacks.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
 from training.checkpoint import load_model_from_run
 from training.config import ModelConfig
@@ -81,10 +81,10 @@ def test_import_writes_a_verifiable_run(imported: Path, weights: Path) -> None:
 def test_reference_free_attacks_run_on_an_import(imported: Path) -> None:
     result = run_attack(run_dir=imported, progress=False, config=AttackConfig(
         attacks=("loss", "attack_p"), n_reference=0, n_bootstrap=20, population=N_POP, flip=False))
-    setup = result.report["setup"]
-    assert setup["n_population"] == N_POP and setup["n_reference"] == 0 and setup["recipe_hash"] is None
+    setup = result.report.setup
+    assert setup.n_population == N_POP and setup.n_reference == 0 and setup.recipe_hash is None
     for name in ("loss", "attack_p"):
-        assert result.report["attacks"][name]["metrics"]["auc"] > 0.6   # the model memorised its members
+        assert result.report.attacks[name].metrics.auc > 0.6   # the model memorised its members
 
 
 def test_attacks_needing_a_recipe_are_refused_clearly(imported: Path) -> None:

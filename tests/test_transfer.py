@@ -339,6 +339,7 @@ def _suite(**kw):
 
 def test_runner_reports_missing_dataset_as_a_row_and_evaluates_the_rest(tmp_path):
     from audit.transfer.runner import evaluate_transfer
+    from audit.transfer.transfer_file import read_transfer_file
     from training.io import read_json
 
     run = _write_run(tmp_path / "run")
@@ -349,16 +350,19 @@ def test_runner_reports_missing_dataset_as_a_row_and_evaluates_the_rest(tmp_path
     assert result.path == run / "transfer.json"
     written = read_json(result.path)
     assert [r["dataset"] for r in written["datasets"]] == ["colours", "svhn"]
+    assert set(written["datasets"][1]) == {"dataset", "name", "root", "status", "reason"}  # no empty blocks
     missing = result.row("svhn")
-    assert missing["status"] == "missing" and missing["reason"].startswith("missing:")
-    assert str(tmp_path / "absent") in missing["reason"]
+    assert missing.status == "missing" and missing.reason.startswith("missing:")
+    assert str(tmp_path / "absent") in missing.reason
     ok = result.row("colours")
-    assert ok["status"] == "ok" and ok["train"]["n"] == 60 and ok["test"]["n"] == 30
-    assert ok["linear_probe"]["accuracy"]["accuracy"] > 0.9 and ok["knn"]["accuracy"]["accuracy"] > 0.9
-    diag = ok["diagnostics"]
-    assert diag["n_examples"] == 40 and [r["layer"] for r in diag["layers"]] == [
+    assert ok.status == "ok" and ok.train.n == 60 and ok.test.n == 30 and ok.finetune is None
+    assert ok.linear_probe.accuracy.accuracy > 0.9 and ok.knn.accuracy.accuracy > 0.9
+    assert "finetune" not in written["datasets"][0]
+    diag = ok.diagnostics
+    assert diag.n_examples == 40 and [r.layer for r in diag.layers] == [
         "net.blocks.0", "net.blocks.1", "net.blocks.2"]
-    assert diag["decay"]["n_layers"] == 3 and diag["decay"]["rho"] > 0
+    assert diag.decay.n_layers == 3 and diag.decay.rho > 0
+    assert read_transfer_file(result.path) == result.data
     assert written["model"]["arch"] == "small_cnn" and written["image_size"] == 8
 
 
@@ -370,12 +374,12 @@ def test_runner_is_deterministic_and_uses_the_cache(tmp_path):
     suite = _suite(datasets=[{"name": "npz", "root": str(root)}], budget={"max_train_examples": 45,
                                                                           "max_test_examples": 21})
     first = evaluate_transfer(run_dir=run, suite=suite, out_path=tmp_path / "a.json").row("npz")
-    assert first["features_cached"] is False and first["train"]["n"] == 45 and first["test"]["n"] == 21
+    assert first.features_cached is False and first.train.n == 45 and first.test.n == 21
     assert len(list((run / "features").glob("*.npz"))) == 5  # train + test final, 3 blocks
     second = evaluate_transfer(run_dir=run, suite=suite, out_path=tmp_path / "b.json").row("npz")
-    assert second["features_cached"] is True
+    assert second.features_cached is True
     for key in ("linear_probe", "knn", "diagnostics"):
-        assert second[key] == first[key]
+        assert getattr(second, key) == getattr(first, key)
 
 
 def test_runner_refuses_tampered_weights(tmp_path):
@@ -422,8 +426,8 @@ def test_runner_on_shared_real_data(tmp_path):
     result = evaluate_transfer(run_dir=run, suite=suite)
     for key in ("svhn", "cifar10_exact"):
         row = result.row(key)
-        assert row["status"] == "ok" and row["train"]["n"] == 200 and row["test"]["n"] == 100
-        assert 0.0 <= row["linear_probe"]["accuracy"]["accuracy"] <= 1.0
+        assert row.status == "ok" and row.train.n == 200 and row.test.n == 100
+        assert 0.0 <= row.linear_probe.accuracy.accuracy <= 1.0
 
 
 # ---------------------------------------------------------------------------------------------- fine-tuning
@@ -510,6 +514,7 @@ def test_finetune_protocol_is_the_one_loop_called_directly(tmp_path, dp, train_b
 
 def test_runner_runs_finetune_protocol(tmp_path):
     from audit.transfer.runner import evaluate_transfer
+    from training.io import read_json
 
     run = _write_run(tmp_path / "run")
     root = _write_npz_dataset(tmp_path / "d")
@@ -517,9 +522,12 @@ def test_runner_runs_finetune_protocol(tmp_path):
                    protocols={"linear_probe": {"enabled": False}, "knn": {"enabled": False},
                               "diagnostics": {"enabled": False},
                               "finetune": {"enabled": True, "steps": 10, "batch_size": 20, "lr": 0.05}})
-    row = evaluate_transfer(run_dir=run, suite=suite).row("npz")
-    assert "linear_probe" not in row and "knn" not in row and "diagnostics" not in row
-    assert row["finetune"]["accuracy"]["accuracy"] > 0.9 and row["finetune"]["dp"] is False
+    result = evaluate_transfer(run_dir=run, suite=suite)
+    written = read_json(result.path)["datasets"][0]
+    assert "linear_probe" not in written and "knn" not in written and "diagnostics" not in written
+    row = result.row("npz")
+    assert row.linear_probe is None and row.accuracies().keys() == {"finetune"}
+    assert row.finetune.accuracy.accuracy > 0.9 and row.finetune.dp is False
 
 
 def test_suite_rejects_unknown_dataset_or_split_at_load_time():

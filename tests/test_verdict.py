@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
+import pydantic
 import pytest
 
-from audit.epsilon import EpsilonEstimate, Verdict, VerdictStatus, epsilon_one_run, verdict
+from audit.epsilon import EpsilonEstimate, Finding, Verdict, VerdictStatus, epsilon_one_run, verdict
 
 
 def _est(method: str, eps_lb: float, *, ceiling: float = 10.0, alpha: float = 0.05, delta: float = 1e-5,
@@ -32,8 +32,7 @@ def test_violation_only_when_some_bound_exceeds_the_claim() -> None:
 def test_tightness_and_confidence() -> None:
     ests = [_est("a", 1.0, alpha=0.05), _est("b", 2.0, alpha=0.01)]
     v = verdict(claimed_epsilon=4.0, estimates=ests)
-    assert v.tightness_by_estimate == (0.25, 0.5)
-    assert v.tightness == 0.5
+    assert v.tightness == 0.5 and v.best_method == "b"
     assert v.confidence == pytest.approx(0.94)
     assert any("Σα = 0.06" in n for n in v.notes)
 
@@ -61,7 +60,7 @@ def test_non_dp_claim_gives_no_claim_with_bounds_reported() -> None:
     ests = [_est("one_run", 5.0), _est("gdp", 7.0, assumptions="Gaussian trade-off curve")]
     v = verdict(claimed_epsilon=math.inf, estimates=ests)
     assert v.status is VerdictStatus.NO_CLAIM
-    assert v.violating == () and v.tightness_by_estimate == (None, None) and v.tightness is None
+    assert v.violating == () and v.tightness is None
     assert v.inconclusive_above is None
     assert v.best_epsilon_lb == 7.0 and v.best_method == "gdp"
     assert any("no DP claim" in n for n in v.notes)
@@ -71,19 +70,42 @@ def test_non_dp_claim_gives_no_claim_with_bounds_reported() -> None:
 def test_zero_claim() -> None:
     assert verdict(claimed_epsilon=0.0, estimates=[_est("a", 0.1)]).status is VerdictStatus.VIOLATION
     v = verdict(claimed_epsilon=0.0, estimates=[_est("a", 0.0)])
-    assert v.status is VerdictStatus.CONSISTENT and v.tightness_by_estimate == (None,) and v.tightness is None
+    assert v.status is VerdictStatus.CONSISTENT and v.tightness is None
 
 
-def test_to_dict_is_json_ready_and_frozen() -> None:
-    v = verdict(claimed_epsilon=2.0, estimates=[_est("one_run", 2.5), _est("gdp", 1.0)], claimed_delta=1e-5)
-    d = json.loads(json.dumps(v.to_dict()))
-    assert d["status"] == "VIOLATION" and d["claimed_delta"] == 1e-5
-    assert [e["exceeds_claim"] for e in d["per_estimate"]] == [True, False]
-    assert d["per_estimate"][0]["tightness"] == 1.25 and d["tightness"] == 1.25
+def test_the_verdict_is_a_frozen_result_model_that_round_trips() -> None:
+    v = verdict(claimed_epsilon=2.0, estimates=[_est("one_run", 2.5), _est("gdp", 1.0)], claimed_delta=1e-5,
+                sources=["pool", "input_canaries"])
+    d = json.loads(json.dumps(v.model_dump(mode="json")))
+    assert d["status"] == "VIOLATION" and d["claimed_delta"] == 1e-5 and d["violating"] == ["one_run"]
+    assert d["tightness"] == 1.25 and d["best_source"] == "pool" and d["findings"] == []
     assert d["best_method"] == "one_run" and d["best_epsilon_lb"] == 2.5 and d["inconclusive_above"] is None
+    assert Verdict.model_validate_json(json.dumps(d)) == v
     assert isinstance(v, Verdict)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         v.status = VerdictStatus.CONSISTENT  # type: ignore[misc]
+    with pytest.raises(ValueError, match="one source per estimate"):
+        verdict(claimed_epsilon=2.0, estimates=[_est("a", 1.0)], sources=["pool", "pool"])
+
+
+def test_findings_attach_to_the_verdict() -> None:
+    v = verdict(claimed_epsilon=8.0, estimates=[_est("one_run", 0.5)])
+    assert v.findings == () and v.errors == ()
+    bad = Finding(kind="claim_not_from_mechanism", severity="error",
+                  message="claim does not follow from the stated mechanism: ε(PLD) = 12.3 > 8")
+    w = v.with_findings(bad, Finding(kind="x", severity="warning", message="m"))
+    assert w.errors == (bad,) and len(w.findings) == 2 and v.findings == ()  # a new verdict; v unchanged
+    assert Verdict.model_validate_json(w.model_dump_json()) == w
+    with pytest.raises(pydantic.ValidationError):
+        Finding(kind="k", severity="fatal", message="m")  # type: ignore[arg-type]
+
+
+def test_no_evidence_verdict() -> None:
+    v = Verdict.no_evidence(claimed_epsilon=4.0, claimed_delta=1e-5, reason="every source was skipped")
+    assert v.status is VerdictStatus.CONSISTENT and v.inconclusive_above == 0.0 and v.tightness == 0.0
+    assert v.notes[0].startswith("no evidence: every source was skipped") and v.best_method is None
+    inf = Verdict.no_evidence(claimed_epsilon=math.inf, claimed_delta=None, reason="r")
+    assert inf.status is VerdictStatus.NO_CLAIM and inf.tightness is None and inf.inconclusive_above is None
 
 
 def test_delta_mismatch_and_bad_inputs() -> None:
