@@ -39,7 +39,7 @@ from training.manifest import (
     write_manifest,
 )
 
-__all__ = ["LEVELS", "make_run", "update_json", "pool_arrays", "binormal_tpr"]
+__all__ = ["LEVELS", "make_run", "update_json", "pool_arrays", "binormal_tpr", "attack_entry", "transfer_result"]
 
 LEVELS = ("0.01", "0.001", "0.0001")
 ALL_ATTACKS = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_offline", "rmia_online", "rmia_offline")
@@ -58,7 +58,7 @@ def binormal_tpr(fpr: np.ndarray | float, d: float) -> np.ndarray:
     return norm.cdf(norm.ppf(np.clip(fpr, 1e-12, 1 - 1e-12)) + d)
 
 
-def _attack_entry(d: float, *, n_members: int, n_nonmembers: int, pool_size: int, rng: np.random.Generator
+def attack_entry(d: float, *, n_members: int, n_nonmembers: int, pool_size: int, rng: np.random.Generator
                   ) -> AttackEntry:
     fpr = np.concatenate([[0.0], np.geomspace(1.0 / n_nonmembers, 1.0, 40)])
     tpr = binormal_tpr(fpr, d)
@@ -85,7 +85,7 @@ def _accuracy(correct: int, total: int, half_width: float) -> Accuracy:
                     confidence=0.95, method="wilson")
 
 
-def _transfer_file(run: Path, manifest: Manifest) -> TransferFile:
+def transfer_result(run: Path, manifest: Manifest) -> TransferFile:
     split = (lambda name, n: SplitInfo(split=name, n=n, fingerprint="e" * 64, classes_present=10))
     layers = [LayerEntry(layer=f"block{i}", dim=16, fuzziness=4.0 * 0.6 ** i, fisher=0.2 + 0.1 * i, residual=0.5)
               for i in range(4)]
@@ -183,7 +183,7 @@ def make_run(
     claimed = epsilon if dp else float("inf")
     if with_attack:
         n_non = pool_size - n_members
-        entries = {name: _attack_entry(leakage * (0.3 + 0.25 * ALL_ATTACKS.index(name)), n_members=n_members,
+        entries = {name: attack_entry(leakage * (0.3 + 0.25 * ALL_ATTACKS.index(name)), n_members=n_members,
                                        n_nonmembers=n_non, pool_size=pool_size, rng=rng) for name in attacks}
         write_attack_file(run, AttackFile(
             run=run.name, inputs={"weights_sha256": manifest.model.weights_sha256},
@@ -204,7 +204,7 @@ def make_run(
             delta=delta, alpha=0.05, estimates=estimates, skipped=(),
             verdict=judge_estimates(claimed_epsilon=claimed, delta=delta, estimates=estimates)).to_file())
     if with_transfer:
-        write_transfer_file(run / "transfer.json", _transfer_file(run, manifest))
+        write_transfer_file(run / "transfer.json", transfer_result(run, manifest))
     return run
 
 
