@@ -77,7 +77,7 @@ def _timed(records: list[StepRecord], step: str, fn: Callable[[], str]) -> None:
 
 
 def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool, progress: bool,
-                 command: str | None, log: Log) -> VariantResult:
+                 command: str | None, log: Log, warn: Log | None) -> VariantResult:
     from training.trainer import train
 
     run_dir = cfg.run_dir()
@@ -86,7 +86,8 @@ def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: boo
 
     if "train" in steps:
         t0 = time.perf_counter()
-        tr = train(cfg.train_config(), resume=True, progress=progress, command=command, trust_code=True)
+        tr = train(cfg.train_config(), resume=True, progress=progress, command=command, trust_code=True,
+                   warn=warn)
         status = "skipped (complete)" if tr.already_complete else "ran"
         detail = f"resumed at step {tr.resumed_from}" if tr.resumed_from else ""
         res.steps.append(StepRecord("train", status, time.perf_counter() - t0, detail))
@@ -166,8 +167,11 @@ def summarize(run_dir: Path) -> dict[str, Any]:
 
 def run_pipeline(*, config: RunConfig, variants: list[str] | None = None, steps: tuple[str, ...] = STEPS,
                  retrain_shadows: bool = False, progress: bool = True, command: str | None = None,
-                 log: Log = print) -> list[VariantResult]:
+                 log: Log = print, warn: Log | None = None) -> list[VariantResult]:
     """Run the configured steps for each variant (all variants by default) and return what happened.
+
+    ``log`` gets one line per step; ``warn`` gets each training warning as it is found (None: they are only
+    recorded in the run's manifest notes).
 
     Raises:
         UserError: a bad config, missing data, or a mismatched/corrupt file in a run directory.
@@ -177,7 +181,7 @@ def run_pipeline(*, config: RunConfig, variants: list[str] | None = None, steps:
     for name in names:
         cfg = select_variant(config, name)
         results.append(_run_variant(cfg, steps=steps, retrain_shadows=retrain_shadows, progress=progress,
-                                    command=command, log=log))
+                                    command=command, log=log, warn=warn))
     summary_path = Path(config.output_dir) / f"{config.name}.summary.json"
     write_json(summary_path, {"config": config.name, "variants": [
         {"variant": r.variant, "run_dir": str(r.run_dir), **r.summary,

@@ -215,3 +215,27 @@ def test_rdp_accounting_is_warning_free():
         warnings.simplefilter("error")  # any warning raised inside fails the test
         eps = epsilon_for(phases=[DPPhase(1.0, 0.01, 100)], delta=1e-5, accountant="rdp")
     assert 0.0 < eps < float("inf")
+
+
+def test_schedule_and_account_without_a_shell():
+    from audit.accountant import Schedule, account, dp_sgd_schedule
+
+    assert dp_sgd_schedule(sample_rate=0.01, steps=10) == Schedule(sample_rate=0.01, steps=10)
+    assert dp_sgd_schedule(batch_size=100, dataset_size=5000, epochs=5) == Schedule(sample_rate=0.02, steps=250)
+    assert dp_sgd_schedule(batch_size=100, dataset_size=5000, steps=7).steps == 7
+    for kw, match in [({"sample_rate": 0.1, "batch_size": 3, "steps": 1}, "not both"),
+                      ({"batch_size": 10, "dataset_size": 5, "steps": 1}, "larger than"),
+                      ({"steps": 1}, "give the sample rate"),
+                      ({"sample_rate": 0.1}, "--steps T or --epochs E"),
+                      ({"sample_rate": 0.1, "steps": 0}, ">= 1")]:
+        with pytest.raises(UserError, match=match):
+            dp_sgd_schedule(**kw)
+    r = account(sigma=1.0, sample_rate=0.01, steps=1000, delta=1e-5)
+    assert r.epsilons == pytest.approx(GOLDEN[(1.0, 0.01, 1000, 1e-5)], rel=1e-4) and r.epsilon == r.epsilons["prv"]
+    assert list(r.to_dict()) == ["noise_multiplier", "sample_rate", "steps", "delta", "accountant",
+                                 "target_epsilon", "epsilon", "epsilons", "warnings"]
+    s = account(target_epsilon=r.epsilons["rdp"], sample_rate=0.01, steps=1000, delta=1e-5, accountant="rdp")
+    assert s.noise_multiplier == pytest.approx(1.0, rel=1e-3)
+    assert account(sigma=1.0, sample_rate=0.5, steps=10, dataset_size=10).delta == default_delta(10)
+    with pytest.raises(UserError, match="exactly one of --sigma"):
+        account(sample_rate=0.01, steps=10, delta=1e-5)

@@ -394,3 +394,19 @@ def test_cli_prints_table_and_verdict_and_rejects_bad_options(tmp_path):
 
 def test_config_error_type_is_user_error():
     assert issubclass(ConfigError, UserError)
+
+
+def test_epsilon_options_are_merged_onto_the_config_without_a_shell(tmp_path):
+    from audit.config import resolve_epsilon_config
+
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: exp\nepsilon: {alpha: 0.2, attack: loss, k_grid_points: 2}\n")
+    cfg = resolve_epsilon_config(config_path=path, sources="pool, input_canaries", guesses="in")
+    assert (cfg.alpha, cfg.attack, cfg.k_grid_points, cfg.guesses) == (0.2, "loss", 2, "in")
+    assert cfg.sources == ("pool", "input_canaries")
+    assert resolve_epsilon_config(config_path=path, alpha=0.01, attack="rmia_online").alpha == 0.01
+    assert resolve_epsilon_config() == EpsilonConfig()
+    with pytest.raises(ConfigError, match="sources"):
+        resolve_epsilon_config(sources="pool,telepathy")
+    with pytest.raises(ConfigError, match="unknown attack 'lira'"):
+        resolve_epsilon_config(attack="lira")

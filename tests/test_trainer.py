@@ -197,10 +197,11 @@ def test_missing_config_file_and_bad_yaml(tmp_path):
     assert r.exit_code == 2 and "not valid YAML" in r.output
 
 
-def test_large_delta_warns(tmp_path, capsys):
-    res = train(tiny(tmp_path, **{"privacy.delta": 0.05}))
-    assert any("1/n" in n for n in res.manifest.privacy.notes)
-    assert "warning" in capsys.readouterr().err
+def test_large_delta_warns_on_the_cli(tmp_path):
+    cfg = write_cfg(tmp_path, **{"privacy.delta": 0.05, "training.steps": 2})
+    r = CliRunner().invoke(main, ["train", str(cfg), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "warning: privacy.delta=0.05 >= 1/n" in r.stderr and "warning" not in r.stdout
 
 
 def test_corrupt_weights_are_refused_when_loading(tmp_path):
@@ -217,3 +218,15 @@ def test_cli_train_writes_run_and_reports(tmp_path):
     assert r.exit_code == 0, r.output
     assert "epsilon=" in r.output and (tmp_path / "results" / "tiny" / "manifest.json").exists()
     assert issubclass(ConfigError, UserError) and issubclass(DataError, UserError)
+
+
+def test_a_weak_delta_is_reported_through_warn_and_returned_not_printed(tmp_path, capsys):
+    heard: list[str] = []
+    res = train(tiny(tmp_path, **{"privacy.delta": 0.5, "training.steps": 2}), warn=heard.append)
+    assert heard == list(res.warnings) and len(heard) == 1
+    assert heard[0].startswith("privacy.delta=0.5 >= 1/n") and "use a smaller delta" in heard[0]
+    assert any("the guarantee is weak" in n for n in res.manifest.privacy.notes)
+    out = capsys.readouterr()
+    assert "delta" not in out.err and "delta" not in out.out  # the library prints nothing; the CLI does
+    quiet = train(tiny(tmp_path / "q", **{"training.steps": 2}))
+    assert quiet.warnings == ()

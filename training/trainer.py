@@ -14,8 +14,8 @@ The claim composes the DP phases only; non-DP phases on public data are listed i
 from __future__ import annotations
 
 import platform
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,6 +49,7 @@ class TrainResult:
     metrics: dict[str, Any]
     resumed_from: int = 0
     already_complete: bool = False
+    warnings: tuple[str, ...] = ()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -120,7 +121,8 @@ def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInf
 
 def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
           membership: np.ndarray | None = None, progress: bool | None = None, command: str | None = None,
-          stop_after: int | None = None, trust_code: bool = False, _debug_disable_noise: bool = False) -> TrainResult:
+          stop_after: int | None = None, trust_code: bool = False, warn: Callable[[str], None] | None = None,
+          _debug_disable_noise: bool = False) -> TrainResult:
     """Train one model as ``cfg`` says and write its run directory.
 
     Args:
@@ -131,6 +133,8 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         membership: explicit bool mask over the pool (reference models); default from ``cfg.data``.
         progress: show a progress bar (default ``cfg.training.progress``).
         command: the command line, recorded in the provenance.
+        warn: called with each warning as soon as it is found (e.g. a weak δ), before training starts; the
+            warnings are also returned in :attr:`TrainResult.warnings`. None: only returned.
         stop_after: stop (with state saved) after this many steps (all phases together): simulates an
             interrupt in tests.
         trust_code: allow ``model.arch`` (or a fine-tuning checkpoint's) to be an import path, which is
@@ -175,9 +179,13 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
                         f"lower it or enlarge the pool (data.pool_size / data.audit_split)")
     delta = pc.delta if pc.delta is not None else default_delta(n)
     notes: list[str] = []
+    warnings: list[str] = []
     if pc.enabled and delta >= 1.0 / n:
         notes.append(f"delta={delta:g} is not below 1/n={1.0 / n:.3g}: the guarantee is weak")
-        print(f"warning: privacy.delta={delta:g} >= 1/n = {1.0 / n:.3g}; use a smaller delta", file=sys.stderr)
+        warnings.append(f"privacy.delta={delta:g} >= 1/n = {1.0 / n:.3g}; use a smaller delta")
+    for message in warnings:
+        if warn is not None:
+            warn(message)
     if pc.enabled and pc.sampling != "poisson":
         notes.append("batches were formed by shuffling, not Poisson sampling; the epsilon below is computed as if "
                      "sampling were Poisson and is NOT a proven guarantee for this run")
@@ -219,7 +227,7 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
     manifest = _finalize(run_dir, cfg, model=model, model_cfg=recipe.model_cfg, model_notes=recipe.model_notes,
                          frozen=frozen, pool=pool, mask=mask, mem_info=mem_info, privacy=privacy, metrics=metrics,
                          extra=extra, config_sha=config_sha, command=command, device=device)
-    return TrainResult(run_dir, manifest, metrics, resumed_from=start)
+    return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings))
 
 
 def _canary_record(run_dir: Path, ctx: RunContext) -> dict[str, Any]:

@@ -28,7 +28,8 @@ def command(config: str, overrides: tuple[str, ...], variant: str | None, resume
     run_cfg = load_run_config(config, extra)
     cfg = select_variant(run_cfg, variant).train_config()
     result = train(cfg, resume=resume, overwrite=overwrite, progress=False if no_progress else None,
-                   command=shlex.join(["audit", *sys.argv[1:]]), trust_code=True)  # the user's own config
+                   command=shlex.join(["audit", *sys.argv[1:]]), trust_code=True,  # the user's own config
+                   warn=lambda message: click.echo(f"warning: {message}", err=True))
     m, p = result.metrics, result.manifest.privacy
     status = "already complete" if result.already_complete else (
         f"resumed at step {result.resumed_from}" if result.resumed_from else "done")
