@@ -6,7 +6,10 @@ includes DP: the reference models use the target's noise multiplier sigma (read 
 re-calibrated), clipping norm C, sample rate q, number of steps, optimizer and learning-rate schedule.
 
 Each reference model trains on about half of the pool, so its expected batch size is ``round(q * n / 2)``
-(the target's q, whether the target trained on half the pool or on all of it).
+(the target's q, whether the target trained on half the pool or on all of it). :func:`shadow_recipe` derives
+all of it once from the target's config and manifest; :attr:`ShadowRecipe.train` is the
+:class:`~training.dp.recipe.TrainRecipe` the batched engine runs, and :func:`shadow_config` the config the
+regular trainer runs.
 
 :func:`recipe_hash` identifies a recipe: the sha256 of the target's resolved config without the keys that
 do not change how a model is trained (:data:`NOT_RECIPE`). Reference models are re-used only under the same
@@ -25,15 +28,15 @@ from typing import Any
 from torch import nn
 
 from training.config import ModelConfig, OptimConfig, TrainConfig
-from training.dp.schedules import lr_at
-from training.batched_recipe import check_model
+from training.dp.batched.engine import check_model
+from training.dp.recipe import TrainRecipe
 from training.errors import ConfigError, UserError
 from training.io import sha256_bytes
 from training.manifest import Manifest, PhaseInfo
 from training.models import build_model
 
-__all__ = ["NOT_RECIPE", "recipe_hash", "ShadowRecipe", "shadow_recipe", "shadow_config", "LrFactor",
-           "model_factory", "batched_unsupported", "BATCHED_ARCHS"]
+__all__ = ["NOT_RECIPE", "recipe_hash", "ShadowRecipe", "shadow_recipe", "shadow_config", "model_factory",
+           "batched_unsupported", "BATCHED_ARCHS"]
 
 NOT_RECIPE: tuple[str, ...] = (
     "name", "output_dir", "data.membership_seed", "training.seed", "training.progress", "training.log_every",
@@ -96,6 +99,17 @@ class ShadowRecipe:
         """JSON-ready summary (without the config)."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "config"}
 
+    @property
+    def train(self) -> TrainRecipe:
+        """The :class:`~training.dp.recipe.TrainRecipe` of one reference model (secure mode off: reference models
+        are the auditor's, seeded and reproducible)."""
+        cfg = self.config
+        privacy = cfg.privacy.model_copy(update={"enabled": self.dp, "secure_mode": False,
+                                                 "max_grad_norm": self.max_grad_norm or cfg.privacy.max_grad_norm})
+        return TrainRecipe.from_privacy(privacy=privacy, optim=cfg.optim, steps=self.steps, batch_size=self.batch_size,
+                                        noise_multiplier=self.noise_multiplier,
+                                        physical_batch_size=cfg.training.physical_batch_size)
+
 
 def _pool_phase(phases: list[PhaseInfo]) -> PhaseInfo:
     """The phase that trained on the audited pool: the last one (standard: the only one)."""
@@ -142,23 +156,13 @@ def shadow_config(recipe: ShadowRecipe, *, name: str, seed: int, output_dir: str
     data = copy.deepcopy(recipe.config.model_dump(mode="json"))
     data.update(name=name, output_dir=output_dir)
     data["training"].update(seed=int(seed), progress=False)
+    data["privacy"].update(secure_mode=False)  # a reference model is the auditor's: seeded, reproducible
     if recipe.n_phases == 1:
         data["training"].update(steps=recipe.steps, epochs=None, batch_size=recipe.batch_size)
         if recipe.dp and recipe.noise_multiplier is not None:
             data["privacy"].update(noise_multiplier=recipe.noise_multiplier, target_epsilon=None,
                                    delta=recipe.delta)
     return TrainConfig.model_validate(data)
-
-
-@dataclasses.dataclass(frozen=True)
-class LrFactor:
-    """``step -> lr(step) / lr`` of the trainer's schedule (:func:`training.dp.schedules.lr_at`); picklable."""
-
-    optim: OptimConfig
-    total_steps: int
-
-    def __call__(self, step: int) -> float:
-        return lr_at(int(step), optim=self.optim, total_steps=self.total_steps) / self.optim.lr
 
 
 def _build(model_cfg: ModelConfig, num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
@@ -177,7 +181,7 @@ BATCHED_ARCHS = ("small_cnn", "mlp")
 def batched_unsupported(recipe: ShadowRecipe, *, num_classes: int, input_shape: tuple[int, int, int]) -> str | None:
     """Why the batched (torch.func) trainer cannot follow this recipe, or None when it can.
 
-    The batched trainer (:mod:`training.batched`) implements single-phase DP-SGD with flat clipping (or plain
+    The batched trainer (:mod:`training.dp.batched`) implements single-phase DP-SGD with flat clipping (or plain
     SGD/Adam/AdamW) for the small architectures in :data:`BATCHED_ARCHS` without BatchNorm or dropout;
     anything else goes to the regular trainer.
     """

@@ -2,7 +2,7 @@
 
 Executors:
 
-- ``batched``: all models at once with :func:`training.batched.train_many` (``torch.func`` ``vmap`` over stacked
+- ``batched``: all models at once with :func:`training.dp.batched.train_many` (``torch.func`` ``vmap`` over stacked
   parameters, per-model data masks, per-model DP-SGD clipping and noise). Only for recipes that
   :func:`attacks.recipe.batched_unsupported` accepts (small models, flat clipping, one phase).
 - ``sequential``: :func:`training.trainer.train` once per model, with ``membership=keep[k]``.
@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from attacks.recipe import LrFactor, ShadowRecipe, batched_unsupported, model_factory, shadow_config
+from attacks.recipe import ShadowRecipe, batched_unsupported, model_factory, shadow_config
 from training import __version__
 from training.config import TrainConfig, dump_config
 from training.data import ImageSet, to_float_tensor
@@ -111,7 +111,7 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
     metrics = {"test_accuracy": accuracy(module, test, device=device),
                "train_accuracy": accuracy(module, members, device=device), "steps": recipe.steps,
                "epsilon_spent": None, "final_loss": None, "wall_seconds": wall_seconds, "history": [],
-               "trainer": "batched (training.batched.train_many)"}
+               "trainer": "batched (training.dp.batched.train_many)"}
     write_json(run_dir / "metrics.json", metrics)
     pc, optim = cfg.privacy, cfg.optim
     phase = PhaseInfo(
@@ -152,18 +152,14 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
 def _train_batched(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,
                    seeds: Sequence[int], todo: Sequence[int], root: Path, target_name: str, device: torch.device,
                    workers: int, max_models_per_batch: int | None) -> None:
-    from training.batched import train_many
+    from training.dp.batched import train_many
 
-    cfg, optim = recipe.config, recipe.config.optim
+    cfg = recipe.config
     factory = model_factory(cfg.model, num_classes=len(pool.classes), input_shape=(3, *pool.x.shape[1:3]))
     t0 = time.perf_counter()
     states = train_many(
         model_factory=factory, x=to_float_tensor(pool.x), y=torch.as_tensor(np.array(pool.y), dtype=torch.int64),
-        masks=keep[list(todo)], seeds=[seeds[k] for k in todo], steps=recipe.steps, batch_size=recipe.batch_size,
-        lr=optim.lr, optimizer=optim.name, momentum=optim.momentum, betas=tuple(optim.betas),
-        weight_decay=optim.weight_decay, lr_schedule=LrFactor(optim, recipe.steps), dp=recipe.dp,
-        noise_multiplier=recipe.noise_multiplier or 0.0, max_grad_norm=recipe.max_grad_norm or 1.0,
-        sampling=cfg.privacy.sampling, physical_batch_size=cfg.training.physical_batch_size, device=device,
+        masks=keep[list(todo)], seeds=[seeds[k] for k in todo], recipe=recipe.train, device=device,
         executor="auto", workers=workers, max_models_per_batch=max_models_per_batch)
     share = (time.perf_counter() - t0) / max(1, len(todo))
     for k, state in zip(todo, states):

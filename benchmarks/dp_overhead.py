@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from training.config import ModelConfig, OptimConfig, PrivacyConfig  # noqa: E402
 from training.dp.engine import make_stepper  # noqa: E402
+from training.dp.recipe import TrainRecipe  # noqa: E402
 from training.io import write_text  # noqa: E402
 from training.models import build_model, count_parameters  # noqa: E402
 
@@ -39,9 +40,10 @@ MODELS = {
 def make(cfg: ModelConfig, *, dp: bool, mode: str, batch: int, device: torch.device):
     built = build_model(cfg, num_classes=10, input_shape=(3, 32, 32), seed=0)
     privacy = PrivacyConfig(enabled=dp, noise_multiplier=1.0 if dp else None, grad_sample_mode=mode)
-    return make_stepper(model=built.module, privacy=privacy, optim=OptimConfig(name="sgd", lr=0.01),
-                        sample_rate=0.01, expected_batch_size=batch, total_steps=10_000,
-                        noise_multiplier=1.0 if dp else None, physical_batch_size=batch,
+    recipe = TrainRecipe.from_privacy(privacy=privacy, optim=OptimConfig(name="sgd", lr=0.01), steps=10_000,
+                                      batch_size=batch, noise_multiplier=1.0 if dp else None,
+                                      physical_batch_size=batch)
+    return make_stepper(model=built.module, recipe=recipe, sample_rate=0.01,
                         generator=torch.Generator(device=device) if dp else None, device=device), built
 
 

@@ -14,6 +14,7 @@ Example (the command that made results/reference/shadow_throughput.md)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import platform
@@ -26,7 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.batched import train_many
+from training.config import OptimConfig
+from training.dp.batched import train_many
+from training.dp.recipe import TrainRecipe
 from _common import add_output_args, emit
 
 
@@ -93,13 +96,14 @@ def run_width(args, x, y, c1, c2, rows, checks) -> None:
     factory = functools.partial(DigitsCNN, c1, c2)
     n_params = sum(p.numel() for p in factory().parameters())
     model = f"{c1}x{c2} ({n_params:,} params)"
-    recipe = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer="sgd", momentum=args.momentum,
-                  dp=True, noise_multiplier=args.sigma, max_grad_norm=args.clip, sampling="poisson",
-                  physical_batch_size=args.physical_batch_size)
+    recipe = TrainRecipe(steps=args.steps, batch_size=args.batch_size,
+                         optim=OptimConfig(name="sgd", lr=args.lr, momentum=args.momentum), dp=True,
+                         noise_multiplier=args.sigma, max_grad_norm=args.clip, sampling="poisson",
+                         physical_batch_size=args.physical_batch_size)
     warm = np.random.default_rng([args.seed, 0]).random((2, len(x))) < 0.5
     for executor in ("sequential", "batched"):  # untimed: first-call costs (lazy imports, kernel set-up)
         train_many(model_factory=factory, x=x, y=y, masks=warm, seeds=[0, 1], executor=executor,
-                   **{**recipe, "steps": 3})
+                   recipe=dataclasses.replace(recipe, steps=3))
     for k in args.models:
         masks = np.random.default_rng([args.seed, k]).random((k, len(x))) < 0.5
         seeds = list(range(k))
@@ -109,7 +113,7 @@ def run_width(args, x, y, c1, c2, rows, checks) -> None:
             cpu0, child0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             sds = train_many(model_factory=factory, x=x, y=y, masks=masks, seeds=seeds, executor=executor,
-                             **recipe, **extra)
+                             recipe=recipe, **extra)
             wall = time.perf_counter() - t0
             child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = time.process_time() - cpu0 + (child1.ru_utime + child1.ru_stime

@@ -15,10 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from training.config import OptimConfig, PrivacyConfig
+from training.config import OptimConfig
 from training.dp.canaries import GradientCanaries, flatten_parameters, trainable_shapes
 from training.dp.clipping import automatic_clip_factors, flat_clip_factors, per_layer_norms
 from training.dp.engine import StepStats, cross_entropy_per_example, make_stepper
+from training.dp.recipe import TrainRecipe
 from training.dp.sampling import PoissonSampler, ShuffleSampler, make_sampler
 from training.dp.schedules import lr_at
 from training.dp.state import join_state, split_state
@@ -51,13 +52,12 @@ def zero_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def stepper_for(model, *, sigma=0.0, C=1.0, clipping="flat", mode="hooks", B=10.0, q=0.1, physical=4, lr=1.0,
                 optim=None, seed=0, enabled=True, **kw):
-    privacy = PrivacyConfig(enabled=enabled, noise_multiplier=sigma if enabled else None, max_grad_norm=C,
-                            clipping=clipping, grad_sample_mode=mode, auto_gamma=0.01,
-                            secure_mode=kw.pop("secure_mode", False))
-    return make_stepper(model=model, privacy=privacy, optim=optim or OptimConfig(name="sgd", lr=lr), sample_rate=q,
-                        expected_batch_size=B, total_steps=kw.pop("total_steps", 100),
-                        noise_multiplier=sigma if enabled else None,
-                        physical_batch_size=physical, generator=torch.Generator().manual_seed(seed), device="cpu", **kw)
+    recipe = TrainRecipe(steps=kw.pop("total_steps", 100), batch_size=int(B),
+                         optim=optim or OptimConfig(name="sgd", lr=lr), dp=enabled, noise_multiplier=sigma,
+                         max_grad_norm=C, clipping=clipping, grad_sample_mode=mode, auto_gamma=0.01,
+                         secure_mode=kw.pop("secure_mode", False), physical_batch_size=physical)
+    return make_stepper(model=model, recipe=recipe, sample_rate=q, generator=torch.Generator().manual_seed(seed),
+                        device="cpu", **kw)
 
 
 def params_of(model) -> list[torch.Tensor]:
@@ -117,7 +117,7 @@ def test_no_noise_no_clipping_equals_plain_sgd(mode):
 @pytest.mark.parametrize("mode, style", MODES_STYLES)
 def test_clipped_sum_matches_per_example_loop(mode, style):
     x, y = cnn_batch(10)
-    C, B, lr = 0.5, 12.5, 1.0  # expected batch size differs from the realised 10
+    C, B, lr = 0.5, 12, 1.0  # expected batch size differs from the realised 10
     grads = per_example_grads(tiny_cnn(), x, y)
     clipped, norms, flags = clip_reference(grads, style=style, C=C)
     for g in clipped:  # the reference's own invariant: every clipped gradient has norm ≤ C

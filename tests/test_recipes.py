@@ -147,7 +147,7 @@ def _adam_with_state(shapes: dict[str, tuple[int, ...]]) -> tuple[torch.optim.Op
 
 
 def test_carry_optimizer_state_by_name_and_mode():
-    from training.recipes.phases import carry_optimizer_state
+    from training.phases import carry_optimizer_state
 
     old, old_names = _adam_with_state({"a": (2,), "head.weight": (3, 2), "b": (4,)})
     new_params = [torch.nn.Parameter(torch.zeros(s)) for s in [(4,), (5, 2), (2,)]]
@@ -363,7 +363,7 @@ def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, h
     from training.io import load_safetensors
     from training.pool import build_pool
     from training.recipes.budget import PhaseBudget
-    from training.recipes.finetune import HEAD_SEED_OFFSET, finetune, finetune_phases, new_head
+    from training.recipes.finetune import finetune, finetune_phases, head_seed, new_head
     from training.trainer import train
 
     cfg = _finetune(source_run, **{"training.finetune.strategy": "lp_fft", "training.finetune.head_init": head_init,
@@ -375,7 +375,7 @@ def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, h
     model, _ = load_model_from_run(source_run)
     pool = build_pool(cfg)
     head = new_head(model.train(), len(pool.images.classes), init=head_init,
-                    seed=cfg.training.seed + HEAD_SEED_OFFSET)
+                    seed=head_seed(cfg.training.seed))
     init = load_safetensors(run / "model_init.safetensors")
     assert all(torch.equal(init[k], v) for k, v in model.state_dict().items())
     plan = [PhaseBudget(name=p.name, steps=p.steps, noise_multiplier=p.noise_multiplier)

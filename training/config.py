@@ -180,7 +180,7 @@ class TrainingConfig(Strict):
     log_every: int = Field(10, gt=0)
     checkpoint_every: int = Field(50, gt=0, description="save resumable state every N steps")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int = 0
+    seed: int | None = Field(0, ge=0, description="seed of every random stream (null: secure mode, no seed)")
     progress: bool = True
     canaries: CanaryConfig = Field(default_factory=CanaryConfig)
     gradient_canaries: GradientCanaryConfig = Field(default_factory=GradientCanaryConfig)
@@ -210,6 +210,23 @@ class TrainConfig(Strict):
 
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
+
+    @model_validator(mode="after")
+    def _secure_mode_has_no_seed(self) -> "TrainConfig":
+        """Secure mode draws its randomness from the OS CSPRNG: a configured seed (public in config.yaml) would
+        make the noise and the batches predictable, so it is refused (as Opacus refuses one in secure mode)."""
+        tc = self.training
+        if self.privacy.enabled and self.privacy.secure_mode:
+            if "seed" in tc.model_fields_set and tc.seed is not None:
+                raise ValueError(f"privacy.secure_mode: a seed is prohibited in secure mode (training.seed="
+                                 f"{tc.seed}); remove training.seed: secure runs draw noise and batches from the OS "
+                                 "CSPRNG")
+            if tc.seed is not None:
+                return self.model_copy(update={"training": tc.model_copy(update={"seed": None})})
+        elif tc.seed is None:
+            raise ValueError("training.seed is null, which only secure mode allows; set an integer seed or "
+                             "privacy.secure_mode: true")
+        return self
 
 
 # ----------------------------------------------------------------------------------------- loading

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from training.dp.rng import Stream, derive_seed
+
 __all__ = ["TraceEstimate", "rademacher_like", "hutchinson_trace", "model_hessian_trace", "decelerator",
            "HessianMonitor"]
 
@@ -217,7 +219,7 @@ class HessianMonitor:
             p.requires_grad_(n in trainable)
         device = next(self.model.parameters()).device
         gen = torch.Generator(device=device)
-        gen.manual_seed(int(np.random.SeedSequence([self.seed, int(step), 0x48455353]).generate_state(1)[0]))
+        gen.manual_seed(derive_seed(self.seed, Stream.HESSIAN, int(step)))
         est = model_hessian_trace(self.model, self.x, self.y, probes=self.probes, generator=gen)
         out = {"trace_h": est.mean, "trace_h_stderr": est.stderr}
         if self.sigma is not None and self.sigma > 0:

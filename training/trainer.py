@@ -2,7 +2,7 @@
 
 A run is a recipe (``training.recipe``) of one or more phases (:mod:`training.recipes`): ``standard`` (one DP or
 non-DP phase), ``continual_pretrain`` (public non-DP pre-training, then DP on the private data) and ``finetune``
-(DP linear probing and/or full fine-tuning from a checkpoint). The loop (:mod:`training.recipes.runner`) is
+(DP linear probing and/or full fine-tuning from a checkpoint). The loop (:mod:`training.loop`) is
 plain: a sampler yields the example indices of each logical step (Poisson by default, deterministic per (seed,
 step)), the :class:`training.dp.engine.Stepper` does the clipped, noised update in physical chunks, and every
 ``checkpoint_every`` steps (and at every phase end) the full state is written atomically so that ``--resume``
@@ -35,11 +35,16 @@ from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, Ph
 from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
-from training.recipes import RECIPES, RunSetup
+from training.dp.rng import secret_seed
 from training.evaluate import accuracy
-from training.recipes.runner import INIT_WEIGHTS_FILE, RdpCurve, RunContext, run_phases, step_seed
+from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
+from training.recipes import RECIPES, RunSetup
 
-__all__ = ["TrainResult", "RdpCurve", "train", "resolve_device", "step_seed"]
+__all__ = ["TrainResult", "train", "resolve_device", "SECURE_MODE_NOTE"]
+
+SECURE_MODE_NOTE = ("secure mode: noise drawn with Opacus's floating-point-attack-resistant sampler, noise and "
+                    "batches seeded from a secret drawn from the OS CSPRNG (never recorded; provenance.seed is "
+                    "null); not reproducible")
 
 
 @dataclass(frozen=True)
@@ -191,9 +196,13 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
                      "sampling were Poisson and is NOT a proven guarantee for this run")
 
     device = resolve_device(tc.device)
-    setup = RunSetup(cfg=cfg, pool=pool, members=members, delta=delta if pc.enabled else None, device=device,
+    run_cfg, seed = cfg, tc.seed
+    if tc.seed is None:  # secure mode (the config refuses a null seed otherwise): a secret, in memory only
+        seed = secret_seed()
+        run_cfg = cfg.model_copy(update={"training": tc.model_copy(update={"seed": seed})})
+    setup = RunSetup(cfg=run_cfg, pool=pool, members=members, delta=delta if pc.enabled else None, device=device,
                      notes=notes, trust_code=trust_code)
-    ctx = RunContext(run_dir=run_dir, config_sha=config_sha, seed=tc.seed, device=device, logger=None,
+    ctx = RunContext(run_dir=run_dir, config_sha=config_sha, seed=seed, device=device, logger=None,
                      physical_batch_size=tc.physical_batch_size, log_every=tc.log_every,
                      checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, test=pool.test,
                      delta=delta if pc.enabled else None, hessian_every=tc.hessian.every, stop_after=stop_after,
@@ -204,6 +213,9 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         write_text(run_dir / "config.yaml", config_text)
     state = load_state(run_dir, config_sha256=config_sha) if mode == "resume" else None
     start = int(state["step"]) if state is not None else 0
+    if tc.seed is None:
+        notes.append(SECURE_MODE_NOTE + (f"; resumed at step {start} with a new secret, so the run is not "
+                                          "bit-identical to an uninterrupted one" if start else ""))
     ctx.logger = TrainLogger(run_dir / "tb", total=recipe.total_steps(), start=start,
                              show=tc.progress if progress is None else progress, dp=pc.enabled)
     t0 = time.perf_counter()

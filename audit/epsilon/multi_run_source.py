@@ -8,7 +8,7 @@ are binomial and the Clopper–Pearson and GDP bounds of :func:`audit.epsilon.mu
 
 Here every model follows the target's recipe (architecture, σ, C, sample rate, steps, optimizer, learning-rate
 schedule; :func:`attacks.recipe.shadow_recipe`) on the target's own members, with a different seed per model,
-and is trained by the batched DP-SGD trainer (:func:`training.batched.train_many`). The canary is ONE example
+and is trained by the batched DP-SGD trainer (:func:`training.dp.batched.train_many`). The canary is ONE example
 appended to the members: a uniform-noise image with a fixed label (``ood``) or a test image with a wrong label
 (``mislabel``). Its score in each model is the scaled logit φ = log p_y − log Σ_{y'≠y} p_y' of its label
 (higher = member). The models are re-implementations of the recipe, not the target's own training code, so the
@@ -36,7 +36,7 @@ from training.manifest import Manifest
 __all__ = ["SOURCE", "ASSUMPTIONS", "make_canary", "multi_run_evidence"]
 
 SOURCE = "multi_run"
-ASSUMPTIONS = ("models re-trained with the target's recipe by the batched DP-SGD trainer (training.batched), "
+ASSUMPTIONS = ("models re-trained with the target's recipe by the batched DP-SGD trainer (training.dp.batched), "
                "not by the target's own training code: the bound audits the recipe, not the released model "
                "(not used for the verdict)")
 _CANARY_STREAM = 0x4D52  # "MR": the canary's own random stream
@@ -118,8 +118,8 @@ def multi_run_evidence(*, run_dir: str | Path, manifest: Manifest, membership: n
     """
     import torch
 
-    from attacks.recipe import LrFactor, batched_unsupported, model_factory, shadow_recipe
-    from training.batched import train_many
+    from attacks.recipe import batched_unsupported, model_factory, shadow_recipe
+    from training.dp.batched import train_many
     from training.data import to_float_tensor
     from training.pool import build_pool
 
@@ -157,17 +157,13 @@ def multi_run_evidence(*, run_dir: str | Path, manifest: Manifest, membership: n
     seeds = np.random.default_rng([config.multi_run_seed, _SEED_STREAM]).choice(2**31 - 1, size=2 * n,
                                                                               replace=False)
     batch_size = max(1, round(recipe.sample_rate * members.size))
-    optim = cfg.optim
     factory = model_factory(cfg.model, num_classes=num_classes, input_shape=input_shape)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
     states = train_many(
         model_factory=factory, x=to_float_tensor(x), y=torch.as_tensor(y), masks=masks,
-        seeds=[int(s) for s in seeds], steps=recipe.steps, batch_size=batch_size, lr=optim.lr,
-        optimizer=optim.name, momentum=optim.momentum, betas=tuple(optim.betas), weight_decay=optim.weight_decay,
-        lr_schedule=LrFactor(optim, recipe.steps), dp=recipe.dp, noise_multiplier=recipe.noise_multiplier or 0.0,
-        max_grad_norm=recipe.max_grad_norm or 1.0, sampling=cfg.privacy.sampling,
-        physical_batch_size=cfg.training.physical_batch_size, device=device, executor="auto")
+        seeds=[int(s) for s in seeds], recipe=dataclasses.replace(recipe.train, batch_size=batch_size),
+        device=device, executor="auto")
     seconds = time.perf_counter() - t0
     scores = _canary_scores(states, factory, cx, cy)
     if not np.all(np.isfinite(scores)):

@@ -1,12 +1,28 @@
-"""The DP engine: samplers, clipping, gradient canaries, learning-rate schedules and the training step.
+"""DP-SGD, written once: the building blocks and the two engines that use them.
 
-Import the pieces from their modules (``training.dp.engine``, ``training.dp.sampling``, ...); this package
-re-exports the main entry points.
+Building blocks (each in its own module):
+
+* :mod:`training.dp.recipe` — :class:`TrainRecipe`, the typed, frozen recipe both engines take;
+* :mod:`training.dp.sampling` — the sampler contract (:class:`BatchSampler`, ``indices(step)``) and the
+  Poisson and shuffle samplers (:func:`make_sampler`);
+* :mod:`training.dp.rng` — :func:`derive_seed`, the one seed derivation (exact in integers), and
+  :func:`secret_seed` for secure mode;
+* :mod:`training.dp.optim` — :func:`build_optimizer` and :func:`trainable_names` (the noise order);
+* :mod:`training.dp.schedules` — :func:`lr_at`, the learning rate as a pure function of the step;
+* :mod:`training.dp.clipping`, :mod:`training.dp.canaries`, :mod:`training.dp.state`.
+
+Engines: :func:`training.dp.engine.make_stepper` (Opacus: every clipping style, one model, physical chunks)
+and :mod:`training.dp.batched` (torch.func: many small models at once, flat clipping). Both draw their
+batches from :func:`make_sampler`, their noise from :func:`training.dp.rng.noise_generator` streams and their
+optimizer from :func:`build_optimizer`; ``tests/test_dp_agreement.py`` checks that they agree.
 """
 
 from training.dp.canaries import GradientCanaries, flatten_parameters, trainable_shapes
 from training.dp.engine import Stepper, StepStats, make_stepper
-from training.dp.sampling import PoissonSampler, ShuffleSampler, make_sampler
+from training.dp.optim import build_optimizer, trainable_names
+from training.dp.recipe import TrainRecipe
+from training.dp.rng import Stream, derive_seed, secret_seed
+from training.dp.sampling import BatchSampler, PoissonSampler, ShuffleSampler, make_sampler
 from training.dp.schedules import lr_at
 
 __all__ = [
@@ -16,6 +32,13 @@ __all__ = [
     "Stepper",
     "StepStats",
     "make_stepper",
+    "build_optimizer",
+    "trainable_names",
+    "TrainRecipe",
+    "Stream",
+    "derive_seed",
+    "secret_seed",
+    "BatchSampler",
     "PoissonSampler",
     "ShuffleSampler",
     "make_sampler",

@@ -22,14 +22,11 @@ activations in training mode with gradients enabled).
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from training.config import OptimConfig, PrivacyConfig
 from training.dp.canaries import GradientCanaries
 from training.dp.clipping import (
     AutomaticDPOptimizer,
@@ -38,21 +35,12 @@ from training.dp.clipping import (
     PerLayerDPOptimizer,
     per_layer_norms,
 )
+from training.dp.optim import build_optimizer
+from training.dp.recipe import TrainRecipe
 from training.dp.stepper import LossFn, StepStats, Stepper, _Criterion, cross_entropy_per_example
 from training.errors import ConfigError
 
-__all__ = ["StepStats", "Stepper", "make_stepper", "build_optimizer", "cross_entropy_per_example"]
-
-
-def build_optimizer(params: list[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    """The torch optimizer named by ``optim.name`` (sgd with momentum, adam, adamw) over ``params``."""
-    if optim.name == "sgd":
-        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-    if optim.name == "adam":
-        return torch.optim.Adam(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
-    if optim.name == "adamw":
-        return torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
-    raise ConfigError(f"optim.name must be sgd, adam or adamw, got {optim.name!r}")
+__all__ = ["StepStats", "Stepper", "make_stepper", "cross_entropy_per_example"]
 
 
 def _dp_incompatible_layers(model: nn.Module) -> tuple[list[nn.Module], list[str]]:
@@ -72,28 +60,23 @@ def _dp_incompatible_layers(model: nn.Module) -> tuple[list[nn.Module], list[str
     return frozen, problems
 
 
-def make_stepper(*, model: nn.Module, privacy: PrivacyConfig, optim: OptimConfig, sample_rate: float,
-                 expected_batch_size: float, total_steps: int, noise_multiplier: float | None,
-                 physical_batch_size: int, generator: torch.Generator | None, device: torch.device | str,
-                 gradient_canaries: GradientCanaries | None = None, loss_fn: LossFn | None = None,
-                 input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, generator: torch.Generator | None,
+                 device: torch.device | str, gradient_canaries: GradientCanaries | None = None,
+                 loss_fn: LossFn | None = None, input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  _debug_disable_noise: bool = False) -> Stepper:
     """Build the :class:`Stepper` for one training phase.
 
     Args:
         model: the model (moved to ``device``); its trainable parameters are those with ``requires_grad``.
-        privacy: DP settings (``enabled``, ``max_grad_norm`` C, ``clipping``, ``auto_gamma``,
-            ``grad_sample_mode``, ``secure_mode``). σ itself comes from ``noise_multiplier``. ``secure_mode``
-            selects Opacus's noise sampling that resists floating-point attacks (arXiv:2107.10138); the noise is
-            still drawn from ``generator``, so for cryptographic randomness seed it from ``os.urandom``.
-        optim: optimizer and learning-rate schedule.
-        sample_rate: q, the per-example sampling probability (also used to sample gradient canaries).
-        expected_batch_size: the DP-SGD denominator (q·n for Poisson, the batch size for shuffling); > 0.
-        total_steps: steps of this phase (the LR schedule's span); ≥ 1.
-        noise_multiplier: σ ≥ 0 computed by the caller's accountant; required when privacy is enabled.
-        physical_batch_size: largest chunk run through the model at once; ≥ 1.
+        recipe: the phase's :class:`~training.dp.recipe.TrainRecipe`: ``dp``, σ, C, clipping style, γ,
+            grad-sample mode, secure mode, optimizer and schedule, ``steps`` (the schedule's span),
+            ``batch_size`` (the DP-SGD denominator) and ``physical_batch_size``. ``secure_mode`` selects
+            Opacus's noise sampling that resists floating-point attacks (arXiv:2107.10138) and keeps the
+            generator's state out of :meth:`Stepper.state_dict`; the caller seeds ``generator`` from the OS
+            CSPRNG (:func:`training.dp.rng.secret_seed`).
+        sample_rate: q, the per-example sampling probability (used to sample gradient canaries).
         generator: source of the Gaussian noise, on ``device``'s type (CPU generator for CPU, CUDA for
-            CUDA); required when privacy is enabled. Its state is saved in :meth:`Stepper.state_dict`.
+            CUDA); required with DP. Its state is saved in :meth:`Stepper.state_dict` (not in secure mode).
         device: where the model and the chunks live.
         gradient_canaries: white-box canaries over the model's trainable parameters (see
             :mod:`training.dp.canaries`), or None.
@@ -107,20 +90,15 @@ def make_stepper(*, model: nn.Module, privacy: PrivacyConfig, optim: OptimConfig
         A ready :class:`Stepper`.
 
     Raises:
-        ConfigError: for an impossible combination (ghost clipping with a non-flat style, a model with
-            trainable BatchNorm under DP, no trainable parameters, canaries that do not match the model).
+        ConfigError: for an impossible combination (a model with trainable BatchNorm under DP, no trainable
+            parameters, canaries that do not match the model).
         ValueError: for out-of-range numbers (the message names the parameter).
     """
     device = torch.device(device)
-    if isinstance(total_steps, bool) or not (isinstance(total_steps, numbers.Integral) and total_steps >= 1):
-        raise ValueError(f"total_steps must be an integer >= 1, got {total_steps!r}")
-    if isinstance(physical_batch_size, bool) or not (
-            isinstance(physical_batch_size, numbers.Integral) and physical_batch_size >= 1):
-        raise ValueError(f"physical_batch_size must be an integer >= 1, got {physical_batch_size!r}")
+    if not isinstance(recipe, TrainRecipe):
+        raise TypeError(f"recipe must be a TrainRecipe, got {type(recipe).__name__}")
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
-        raise ValueError(f"expected_batch_size must be > 0, got {expected_batch_size!r}")
     model = model.to(device)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
@@ -130,21 +108,16 @@ def make_stepper(*, model: nn.Module, privacy: PrivacyConfig, optim: OptimConfig
         if list(gradient_canaries.param_shapes.items()) != expected:
             raise ConfigError("gradient canaries were built for other parameters than the model's trainable ones; "
                               "build them with GradientCanaries.for_model(model, ...) after freezing")
-    base_opt = build_optimizer([p for _, p in named], optim)
+    base_opt = build_optimizer([p for _, p in named], recipe.optim)
     loss_fn = loss_fn or cross_entropy_per_example
-    common = dict(optim=optim, total_steps=int(total_steps), physical_batch_size=int(physical_batch_size),
-                  device=device, loss_fn=loss_fn, input_transform=input_transform, canaries=gradient_canaries,
-                  sample_rate=float(sample_rate), expected_batch_size=float(expected_batch_size),
-                  max_grad_norm=float(privacy.max_grad_norm))
-    if not privacy.enabled:
+    common = dict(recipe=recipe, device=device, loss_fn=loss_fn, input_transform=input_transform,
+                  canaries=gradient_canaries, sample_rate=float(sample_rate))
+    if not recipe.dp:
         if _debug_disable_noise:
             raise ValueError("_debug_disable_noise only applies to DP training (privacy.enabled)")
         return Stepper(module=model, base_model=model, optimizer=base_opt, dp_optimizer=None, ghost_loss=None,
-                       generator=generator, noise_multiplier=None, frozen_norm_layers=[], **common)
+                       generator=generator, frozen_norm_layers=[], **common)
 
-    if noise_multiplier is None or not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
-        raise ValueError("noise_multiplier must be a finite number >= 0 when privacy is enabled, "
-                         f"got {noise_multiplier!r}")
     if generator is None:
         raise ValueError("a torch.Generator for the noise is required when privacy is enabled")
     if generator.device.type != device.type:
@@ -154,14 +127,11 @@ def make_stepper(*, model: nn.Module, privacy: PrivacyConfig, optim: OptimConfig
     if problems:
         raise ConfigError(f"the model cannot be trained with DP: {'; '.join(problems[:3])}; replace BatchNorm by "
                           "GroupNorm (model.fix_batchnorm: true) or freeze those layers")
-    C = float(privacy.max_grad_norm)
-    dp_kwargs = dict(noise_multiplier=float(noise_multiplier), expected_batch_size=float(expected_batch_size),
-                     loss_reduction="mean", generator=generator, secure_mode=privacy.secure_mode)
+    C = float(recipe.max_grad_norm)
+    dp_kwargs = dict(noise_multiplier=float(recipe.noise_multiplier), expected_batch_size=float(recipe.batch_size),
+                     loss_reduction="mean", generator=generator, secure_mode=recipe.secure_mode)
     ghost_loss = None
-    if privacy.grad_sample_mode == "ghost":
-        if privacy.clipping != "flat":
-            raise ConfigError(f"ghost clipping supports privacy.clipping: flat only, got {privacy.clipping!r}; "
-                              "use privacy.grad_sample_mode: hooks for per_layer or automatic clipping")
+    if recipe.grad_sample_mode == "ghost":
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
         from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
@@ -173,15 +143,14 @@ def make_stepper(*, model: nn.Module, privacy: PrivacyConfig, optim: OptimConfig
         from opacus.grad_sample import GradSampleModule
 
         module = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=True,
-                                  force_functorch=privacy.grad_sample_mode == "functorch")
-        if privacy.clipping == "flat":
+                                  force_functorch=recipe.grad_sample_mode == "functorch")
+        if recipe.clipping == "flat":
             dp_opt = FlatDPOptimizer(base_opt, max_grad_norm=C, **dp_kwargs)
-        elif privacy.clipping == "per_layer":
+        elif recipe.clipping == "per_layer":
             dp_opt = PerLayerDPOptimizer(base_opt, max_grad_norm=per_layer_norms(C, len(named)), **dp_kwargs)
         else:
-            dp_opt = AutomaticDPOptimizer(base_opt, max_grad_norm=C, gamma=privacy.auto_gamma, **dp_kwargs)
+            dp_opt = AutomaticDPOptimizer(base_opt, max_grad_norm=C, gamma=recipe.auto_gamma, **dp_kwargs)
     dp_opt.debug_disable_noise = bool(_debug_disable_noise)
     dp_opt.reset_stats()
     return Stepper(module=module, base_model=model, optimizer=base_opt, dp_optimizer=dp_opt, ghost_loss=ghost_loss,
-                   generator=generator, noise_multiplier=float(noise_multiplier), frozen_norm_layers=frozen_bn,
-                   **common)
+                   generator=generator, frozen_norm_layers=frozen_bn, **common)

@@ -1,4 +1,11 @@
-"""Batch samplers whose batches are a pure function of (seed, step), so a resumed run sees the same batches.
+"""The sampler contract every DP-SGD engine draws its batches from, and its two samplers.
+
+A :class:`BatchSampler` answers ``indices(step)``: the positions in [0, n) of the examples in step ``step``'s
+logical batch. With an integer seed the answer is a pure function of (seed, step) — through
+:func:`training.dp.rng.derive_seed` — so a resumed run sees the same batches; with ``seed=None`` (secure mode)
+every call draws fresh randomness from the operating system's CSPRNG. The Opacus engine
+(:mod:`training.loop`) and the batched engine (:mod:`training.dp.batched`) both build their samplers with
+:func:`make_sampler`.
 
 * :class:`PoissonSampler`: every example joins each step's batch independently with probability q (the
   sampling that the DP-SGD privacy analysis of Abadi et al. 2016 and every accountant in
@@ -7,7 +14,7 @@
   each epoch is dropped). Common in practice, but the Poisson-subsampling analysis does not strictly apply
   to it; a DP claim made with it must say so (the manifest records the sampling scheme).
 
->>> s = PoissonSampler(n=1000, sample_rate=0.05, seed=3)
+>>> s = make_sampler(sampling="poisson", n=1000, batch_size=50, seed=3)
 >>> bool((s.indices(7) == s.indices(7)).all()), s.expected_batch_size
 (True, 50.0)
 >>> ShuffleSampler(n=10, batch_size=4, seed=0).indices(0).shape
@@ -17,13 +24,16 @@
 from __future__ import annotations
 
 import numbers
+import secrets
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["PoissonSampler", "ShuffleSampler", "make_sampler"]
+from training.dp.rng import Stream, derive_seed
 
-_POISSON_TAG = 0x504F4953  # domain separation of the random streams ("POIS")
-_SHUFFLE_TAG = 0x53485546  # "SHUF"
+__all__ = ["BatchSampler", "PoissonSampler", "ShuffleSampler", "make_sampler", "SAMPLINGS"]
+
+SAMPLINGS = ("poisson", "shuffle")
 
 
 def _check_int(name: str, value: int, low: int) -> int:
@@ -32,16 +42,50 @@ def _check_int(name: str, value: int, low: int) -> int:
     return int(value)
 
 
+def _check_seed(seed: int | None) -> int | None:
+    return None if seed is None else _check_int("seed", seed, 0)
+
+
+def _rng(seed: int | None, stream: Stream, index: int) -> np.random.Generator:
+    """The generator of (seed, stream, index); fresh OS randomness when ``seed`` is None (secure mode)."""
+    if seed is None:
+        return np.random.default_rng(secrets.randbits(128))
+    return np.random.default_rng(derive_seed(seed, stream, index))
+
+
+@runtime_checkable
+class BatchSampler(Protocol):
+    """What an engine needs from a sampler.
+
+    Attributes:
+        sampling: ``"poisson"`` or ``"shuffle"`` (recorded in the manifest).
+        n: number of examples sampled from.
+        sample_rate: q, the per-example inclusion probability of one step (accounting).
+        expected_batch_size: the DP-SGD denominator (q·n for Poisson, the batch size for shuffling).
+    """
+
+    sampling: str
+    n: int
+
+    @property
+    def sample_rate(self) -> float: ...
+
+    @property
+    def expected_batch_size(self) -> float: ...
+
+    def indices(self, step: int) -> np.ndarray:
+        """int64 positions in [0, n) of step ``step``'s batch (possibly empty)."""
+        ...
+
+
 class PoissonSampler:
     """Poisson sampling: each of ``n`` examples is in step t's batch with probability ``sample_rate``.
-
-    The batch of step t is drawn from ``np.random.default_rng([TAG, seed, t])``, so it depends only on
-    (seed, t): resuming at step t reproduces the uninterrupted run exactly.
 
     Args:
         n: number of examples (the private members); ≥ 1.
         sample_rate: q in (0, 1].
-        seed: integer seed ≥ 0.
+        seed: integer seed ≥ 0 (the batch of step t depends only on (seed, t)), or None: fresh
+            randomness from the OS CSPRNG on every call (secure mode; not reproducible).
 
     Raises:
         ValueError: if an argument is out of range.
@@ -49,12 +93,12 @@ class PoissonSampler:
 
     sampling = "poisson"
 
-    def __init__(self, n: int, sample_rate: float, seed: int) -> None:
+    def __init__(self, n: int, sample_rate: float, seed: int | None) -> None:
         self.n = _check_int("n", n, 1)
         if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0.0 < sample_rate <= 1.0:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
         self.sample_rate = float(sample_rate)
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = _check_seed(seed)
 
     @property
     def expected_batch_size(self) -> float:
@@ -64,7 +108,7 @@ class PoissonSampler:
     def indices(self, step: int) -> np.ndarray:
         """Sorted int64 indices in [0, n) of the examples in step ``step``'s batch (possibly empty)."""
         step = _check_int("step", step, 0)
-        rng = np.random.default_rng([_POISSON_TAG, self.seed, step])
+        rng = _rng(self.seed, Stream.POISSON, step)
         return np.flatnonzero(rng.random(self.n) < self.sample_rate).astype(np.int64)
 
     def steps_per_epoch(self) -> float:
@@ -72,19 +116,22 @@ class PoissonSampler:
         return 1.0 / self.sample_rate
 
     def __repr__(self) -> str:
-        return f"PoissonSampler(n={self.n}, sample_rate={self.sample_rate:g}, seed={self.seed})"
+        seed = "secure" if self.seed is None else self.seed
+        return f"PoissonSampler(n={self.n}, sample_rate={self.sample_rate:g}, seed={seed})"
 
 
 class ShuffleSampler:
     """Shuffling: a fresh permutation each epoch, cut into ``n // batch_size`` batches of exactly ``batch_size``.
 
-    Epoch e's permutation comes from ``np.random.default_rng([TAG, seed, e])``; step t lies in epoch
-    ``t // steps_per_epoch``. Examples past the last full batch of an epoch are skipped in that epoch.
+    Step t lies in epoch ``t // steps_per_epoch``, whose permutation depends only on (seed, epoch). With
+    ``seed=None`` (secure mode) each epoch's permutation is drawn from the OS CSPRNG the first time the epoch
+    is used, so a resumed run starts its current epoch with a new permutation. Examples past the last full
+    batch of an epoch are skipped in that epoch.
 
     Args:
         n: number of examples; ≥ 1.
         batch_size: examples per batch; in [1, n].
-        seed: integer seed ≥ 0.
+        seed: integer seed ≥ 0, or None (secure mode).
 
     Raises:
         ValueError: if an argument is out of range.
@@ -92,12 +139,12 @@ class ShuffleSampler:
 
     sampling = "shuffle"
 
-    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+    def __init__(self, n: int, batch_size: int, seed: int | None) -> None:
         self.n = _check_int("n", n, 1)
         self.batch_size = _check_int("batch_size", batch_size, 1)
         if self.batch_size > self.n:
             raise ValueError(f"batch_size must be <= n={self.n} for shuffle sampling, got {batch_size}")
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = _check_seed(seed)
         self._cache: tuple[int, np.ndarray] | None = None
 
     @property
@@ -114,7 +161,7 @@ class ShuffleSampler:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._cache is None or self._cache[0] != epoch:
-            perm = np.random.default_rng([_SHUFFLE_TAG, self.seed, epoch]).permutation(self.n).astype(np.int64)
+            perm = _rng(self.seed, Stream.SHUFFLE, epoch).permutation(self.n).astype(np.int64)
             self._cache = (epoch, perm)
         return self._cache[1]
 
@@ -126,22 +173,23 @@ class ShuffleSampler:
         return self._permutation(epoch)[start:start + self.batch_size].copy()
 
     def __repr__(self) -> str:
-        return f"ShuffleSampler(n={self.n}, batch_size={self.batch_size}, seed={self.seed})"
+        seed = "secure" if self.seed is None else self.seed
+        return f"ShuffleSampler(n={self.n}, batch_size={self.batch_size}, seed={seed})"
 
 
-def make_sampler(*, sampling: str, n: int, batch_size: int, seed: int) -> PoissonSampler | ShuffleSampler:
+def make_sampler(*, sampling: str, n: int, batch_size: int, seed: int | None) -> PoissonSampler | ShuffleSampler:
     """The sampler for ``sampling`` ("poisson" or "shuffle") with expected batch size ``batch_size``.
 
-    Poisson sampling uses q = min(1, batch_size / n).
+    Poisson sampling uses q = min(1, batch_size / n); shuffling uses batches of min(batch_size, n).
 
     Args:
         sampling: ``"poisson"`` or ``"shuffle"``.
         n: number of examples; ≥ 1.
         batch_size: (expected) logical batch size; ≥ 1.
-        seed: integer seed ≥ 0.
+        seed: integer seed ≥ 0, or None for fresh OS randomness (secure mode).
 
     Returns:
-        A sampler with ``.indices(step)``, ``.sample_rate``, ``.expected_batch_size`` and ``.sampling``.
+        A :class:`BatchSampler`.
 
     Raises:
         ValueError: if ``sampling`` is unknown or a number is out of range.

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.config import OptimConfig
 from training.dp.canaries import GradientCanaries
-from training.dp.schedules import lr_at
+from training.dp.optim import set_lr
+from training.dp.recipe import TrainRecipe
 from training.errors import CheckpointError
 
 __all__ = ["StepStats", "Stepper", "cross_entropy_per_example", "LossFn", "STATE_FORMAT"]
@@ -96,28 +96,28 @@ class Stepper:
     """
 
     def __init__(self, *, module: nn.Module, base_model: nn.Module, optimizer: torch.optim.Optimizer,
-                 dp_optimizer: Any | None, ghost_loss: Any | None, optim: OptimConfig, total_steps: int,
-                 physical_batch_size: int, device: torch.device, loss_fn: LossFn,
-                 input_transform: Callable[[torch.Tensor], torch.Tensor] | None, generator: torch.Generator | None,
-                 canaries: GradientCanaries | None, sample_rate: float, expected_batch_size: float,
-                 noise_multiplier: float | None, max_grad_norm: float, frozen_norm_layers: list[nn.Module]) -> None:
+                 dp_optimizer: Any | None, ghost_loss: Any | None, recipe: TrainRecipe, device: torch.device,
+                 loss_fn: LossFn, input_transform: Callable[[torch.Tensor], torch.Tensor] | None,
+                 generator: torch.Generator | None, canaries: GradientCanaries | None, sample_rate: float,
+                 frozen_norm_layers: list[nn.Module]) -> None:
         self.module = module
         self._base_model = base_model
         self.optimizer = optimizer
         self.dp_optimizer = dp_optimizer
         self._ghost_loss = ghost_loss
-        self.optim = optim
-        self.total_steps = total_steps
-        self.physical_batch_size = physical_batch_size
+        self.recipe = recipe
+        self.total_steps = recipe.steps
+        self.physical_batch_size = recipe.physical_batch_size
         self.device = device
         self.loss_fn = loss_fn
         self.input_transform = input_transform
         self.generator = generator
         self.canaries = canaries
         self.sample_rate = sample_rate
-        self.expected_batch_size = expected_batch_size
-        self.noise_multiplier = noise_multiplier
-        self.max_grad_norm = max_grad_norm
+        self.expected_batch_size = float(recipe.batch_size)
+        self.noise_multiplier = float(recipe.noise_multiplier) if recipe.dp else None
+        self.max_grad_norm = float(recipe.max_grad_norm)
+        self.secure_mode = bool(recipe.secure_mode and recipe.dp)
         self._frozen_norm_layers = frozen_norm_layers
         self._params = [p for p in base_model.parameters() if p.requires_grad]
         self._step = 0
@@ -141,7 +141,7 @@ class Stepper:
 
     def lr(self, step: int | None = None) -> float:
         """Learning rate of ``step`` (default: the next step)."""
-        return lr_at(self._step if step is None else step, optim=self.optim, total_steps=self.total_steps)
+        return self.recipe.lr_at(self._step if step is None else step)
 
     @property
     def noise_disabled(self) -> bool:
@@ -170,8 +170,7 @@ class Stepper:
         if len(x) != len(y):
             raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
         lr = self.lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(self.optimizer, lr)
         self.module.train()
         for m in self._frozen_norm_layers:
             m.eval()
@@ -283,7 +282,9 @@ class Stepper:
     def state_dict(self) -> dict[str, Any]:
         """Everything but the model weights needed to resume exactly: step, optimizer state, noise generator.
 
-        Save the weights separately (``base_model.state_dict()``). Contains only tensors, numbers, strings,
+        In secure mode the generator's state is left out (whoever reads the checkpoint could otherwise
+        recompute noise); a resumed secure run draws fresh noise. Save the weights separately
+        (``base_model.state_dict()``). Contains only tensors, numbers, strings,
         lists and dicts: ``torch.load(weights_only=True)`` reads it, and :func:`training.dp.state.split_state`
         turns it into safetensors + JSON.
         """
@@ -294,7 +295,8 @@ class Stepper:
             "noise_multiplier": self.noise_multiplier if self.dp else None,
             "max_grad_norm": self.max_grad_norm if self.dp else None,
             "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state() if self.generator is not None else None,
+            "generator": (self.generator.get_state() if self.generator is not None and not self.secure_mode
+                          else None),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

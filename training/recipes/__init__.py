@@ -1,7 +1,7 @@
 """Training recipes: ``standard``, ``continual_pretrain`` (Bu et al. 2024), ``finetune`` (Ke et al. 2024).
 
 ``RECIPES[name](setup, ctx)`` builds the recipe object the trainer drives (see :mod:`training.recipes.common`);
-the phases it yields run through :func:`training.recipes.runner.run_phases`.
+the phases it yields run through :func:`training.loop.run_phases`.
 
 >>> sorted(RECIPES)
 ['continual_pretrain', 'finetune', 'standard']

@@ -1,8 +1,8 @@
 """What every recipe receives from the trainer and gives back, and helpers they share.
 
 A recipe object is built from a :class:`RunSetup` (the validated config, the private pool and its members, δ,
-the device) and the :class:`~training.recipes.runner.RunContext`; it owns the model, hands its phases to
-:func:`~training.recipes.runner.run_phases` through :meth:`Recipe.next_phase`, and afterwards describes them
+the device) and the :class:`~training.loop.RunContext`; it owns the model, hands its phases to
+:func:`~training.loop.run_phases` through :meth:`Recipe.next_phase`, and afterwards describes them
 for the manifest (:meth:`Recipe.phase_infos`) and the metrics (:meth:`Recipe.metrics`).
 """
 
@@ -19,11 +19,12 @@ from torch import nn
 from training.accounting import noise_multiplier_for
 from training.config import ModelConfig, TrainConfig
 from training.data import ImageSet, to_float_tensor
+from training.dp.rng import Stream, derive_seed
 from training.errors import ConfigError
 from training.hessian import HessianMonitor
 from training.manifest import PhaseInfo
 from training.pool import Pool, draw_membership
-from training.recipes.runner import NextPhase, RunContext
+from training.loop import NextPhase, RunContext
 
 __all__ = ["RunSetup", "Recipe", "calibrate_sigma", "held_out_batch", "make_monitor", "make_gradient_canaries",
            "phase_seed"]
@@ -34,7 +35,8 @@ class RunSetup:
     """The trainer's preparation, shared by every recipe.
 
     Attributes:
-        cfg: the validated config.
+        cfg: the validated config; in secure mode its ``training.seed`` is the run's secret seed
+            (:func:`training.dp.rng.secret_seed`), held in memory only.
         pool: the private pool (members and non-members, canaries included) and its test set.
         members: indices of the pool's members (what DP protects and training samples from).
         delta: δ of the claim (None without DP).
@@ -89,11 +91,11 @@ class Recipe(Protocol):
 
 
 def phase_seed(seed: int, index: int) -> int:
-    """Sampler seed of phase ``index``: the run seed for the first phase (so a one-phase run samples exactly as
-    before), an independent 31-bit seed for later ones."""
+    """Sampler seed of phase ``index``: the run seed for the first phase (so a one-phase run samples as a
+    standard run would), ``derive_seed(seed, PHASE, index)`` for later ones."""
     if index == 0:
         return int(seed)
-    return int(np.random.SeedSequence([int(seed), int(index), 0x50484153]).generate_state(1)[0] >> 1)
+    return derive_seed(seed, Stream.PHASE, index)
 
 
 def calibrate_sigma(cfg: TrainConfig, *, sample_rate: float, steps: int, delta: float) -> float:

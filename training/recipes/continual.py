@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from training.config import PrivacyConfig
+from training.dp.rng import Stream, derive_seed
 from training.errors import ConfigError
 from training.evaluate import mean_loss
 from training.hessian import decelerator, model_hessian_trace
@@ -37,14 +38,12 @@ from training.manifest import PhaseInfo
 from training.models import build_model
 from training.recipes.common import (RunSetup, calibrate_sigma, held_out_batch, make_gradient_canaries, make_monitor,
                                      phase_seed)
-from training.recipes.phases import PhaseSpec
+from training.phases import PhaseSpec
 from training.recipes.public import load_public
-from training.recipes.runner import NextPhase, RunContext, step_seed
+from training.loop import NextPhase, RunContext
 from training.recipes.switch import Evaluation, rule_from_config
 
 __all__ = ["ContinualRecipe"]
-
-HESSIAN_STREAM = 0x48455353
 
 
 class ContinualRecipe:
@@ -131,7 +130,7 @@ class ContinualRecipe:
             return Evaluation(step=step, value=loss)
         hc = self.cfg.training.hessian
         gen = torch.Generator(device=device)
-        gen.manual_seed(step_seed(self.cfg.training.seed, step, HESSIAN_STREAM))
+        gen.manual_seed(derive_seed(self.cfg.training.seed, Stream.HESSIAN, step))
         x, y = self._eval_batch
         est = model_hessian_trace(model, x, y, probes=hc.probes, generator=gen)
         sigma = self.sigma_for(step)
@@ -166,7 +165,7 @@ class ContinualRecipe:
         def prepare(model: nn.Module) -> None:
             if self.public_classes != self.setup.num_classes:
                 with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(step_seed(self.cfg.training.seed, switch_step, 0x48454144))
+                    torch.manual_seed(derive_seed(self.cfg.training.seed, Stream.HEAD, switch_step))
                     model.reset_classifier(self.setup.num_classes)
                 model.to(self.setup.device)
             if self.ctx.hessian is not None:  # a hook-free template of the (maybe new) architecture

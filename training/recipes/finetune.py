@@ -41,6 +41,7 @@ from torch import nn
 
 from training.config import ModelConfig, OptimConfig, PrivacyConfig
 from training.dp.engine import StepStats
+from training.dp.rng import Stream, derive_seed
 from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import sha256_file
 from training.manifest import PhaseInfo, read_manifest, verify_weights
@@ -48,16 +49,14 @@ from training.models import build_model, load_weights_file
 from training.models.weights import strip_prefix
 from training.recipes.budget import PhaseBudget, split_budget, split_steps
 from training.recipes.common import RunSetup, make_gradient_canaries, make_monitor, phase_seed
-from training.recipes.phases import PhaseSpec, set_trainable
-from training.recipes.runner import NextPhase, RunContext, run_phases
+from training.phases import PhaseSpec, set_trainable
+from training.loop import NextPhase, RunContext, run_phases
 
-__all__ = ["HEAD_INITS", "FinetuneOutcome", "classifier_of", "head_parameter_names", "new_head", "finetune_phases",
-           "finetune", "FinetuneRecipe", "resolve_checkpoint"]
+__all__ = ["HEAD_INITS", "head_seed", "FinetuneOutcome", "classifier_of", "head_parameter_names", "new_head",
+           "finetune_phases", "finetune", "FinetuneRecipe", "resolve_checkpoint"]
 
 HeadInit = Literal["keep", "zero", "random"]
 HEAD_INITS = ("keep", "zero", "random")
-#: offset of the head's seed from the run seed in the recipe (``head_init: random``)
-HEAD_SEED_OFFSET = 0x4845
 
 
 def classifier_of(model: nn.Module) -> nn.Module:
@@ -83,6 +82,11 @@ def head_parameter_names(model: nn.Module) -> list[str]:
 def _num_outputs(head: nn.Module) -> int | None:
     weight = getattr(head, "weight", None)
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else None
+
+
+def head_seed(seed: int) -> int:
+    """Seed of the recipe's ``random`` head for run seed ``seed`` (:func:`training.dp.rng.derive_seed`, HEAD)."""
+    return derive_seed(seed, Stream.HEAD)
 
 
 def new_head(model: nn.Module, num_classes: int, *, init: HeadInit, seed: int = 0) -> list[str]:
@@ -176,7 +180,7 @@ def finetune(model: nn.Module, phases: Sequence[PhaseSpec], *, seed: int, device
     Args:
         model: the model with its head in place (:func:`new_head`).
         phases: :func:`finetune_phases` (its ``seed`` and this one equal: the recipe's run, step for step).
-        seed: the run seed: the DP noise of global step ``t`` comes from ``step_seed(seed, t, 1)``.
+        seed: the run seed: the DP noise of global step ``t`` comes from :func:`training.dp.rng.seed_noise` ``(g, seed, t)``.
         device: where to train.
         physical_batch_size: largest chunk per forward/backward pass.
         on_step: called after every step with ``(global step, phase name, stats, model)``.
@@ -268,7 +272,7 @@ class FinetuneRecipe:
         if ft.head_init == "keep" and not same:
             raise ConfigError("finetune.head_init: keep needs the checkpoint's classes, but the data have "
                               f"{setup.num_classes} classes; use head_init: zero or random")
-        self.head = new_head(model, setup.num_classes, init=ft.head_init, seed=int(tc.seed) + HEAD_SEED_OFFSET)
+        self.head = new_head(model, setup.num_classes, init=ft.head_init, seed=head_seed(tc.seed))
         model.to(setup.device)
         self.model = model
         self.model_cfg = model_cfg.model_copy(update={"pretrained": None})

@@ -7,8 +7,8 @@ from typing import Any
 from training.manifest import PhaseInfo
 from training.models import build_model
 from training.recipes.common import RunSetup, calibrate_sigma, make_gradient_canaries, make_monitor
-from training.recipes.phases import PhaseSpec
-from training.recipes.runner import NextPhase, RunContext
+from training.phases import PhaseSpec
+from training.loop import NextPhase, RunContext
 
 __all__ = ["StandardRecipe"]
 

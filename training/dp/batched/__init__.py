@@ -7,15 +7,19 @@ idle: :func:`train_many` stacks K models' parameters and runs them in lock-step 
 (``stack_module_state`` + ``functional_call`` + ``vmap`` over models of ``vmap`` over examples of ``grad``).
 
 Every model k sees only the examples of ``masks[k]``; its batches, initialisation and DP noise depend only
-on ``seeds[k]`` and the step (:mod:`training.batched_recipe`), so :func:`train_one` with the same seed gives
-the same model, whatever the executor and whichever other models share its batch.
+on ``seeds[k]`` and the step (the shared blocks of :mod:`training.dp`: :func:`~training.dp.sampling.make_sampler`,
+:func:`~training.dp.rng.derive_seed`), so :func:`train_one` with the same seed gives the same model, whatever
+the executor and whichever other models share its batch. Both take the :class:`~training.dp.recipe.TrainRecipe`
+the Opacus engine takes (flat clipping only).
 
 >>> import torch, numpy as np
 >>> from torch import nn
+>>> from training.config import OptimConfig
 >>> x, y = torch.rand(16, 3, 4, 4), torch.arange(16) % 2
 >>> masks = np.ones((2, 16), dtype=bool)
+>>> recipe = TrainRecipe(steps=2, batch_size=4, optim=OptimConfig(lr=0.1), noise_multiplier=1.0)
 >>> sds = train_many(model_factory=lambda: nn.Sequential(nn.Flatten(), nn.Linear(48, 2)), x=x, y=y,
-...                  masks=masks, steps=2, batch_size=4, lr=0.1, seeds=[0, 1], executor="batched")
+...                  masks=masks, seeds=[0, 1], recipe=recipe, executor="batched")
 >>> [sorted(sd) for sd in sds]
 [['1.bias', '1.weight'], ['1.bias', '1.weight']]
 """
@@ -34,19 +38,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from training.batched_engine import BatchedTrainer
-from training.batched_recipe import TrainRecipe, check_model, seeded_init
-from training.batched_single import train_single
+from training.dp.batched.engine import BatchedTrainer, check_model, check_recipe
+from training.dp.batched.single import train_single
+from training.dp.recipe import TrainRecipe
+from training.dp.rng import seeded_init
 from training.errors import DataError
 
 __all__ = ["train_many", "train_one", "fits_batched", "batched_memory_bytes", "TrainRecipe", "BatchedTrainer"]
 
 Executor = Literal["auto", "batched", "sequential", "process"]
 _BYTES = 4
-
-
-def _recipe(**kw: Any) -> TrainRecipe:
-    return TrainRecipe(**kw)
 
 
 def _check_pool(x: Tensor, y: Tensor) -> None:
@@ -186,13 +187,8 @@ def _run_process(factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: 
 
 
 def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: Tensor | np.ndarray,
-               seeds: Sequence[int], steps: int, batch_size: int, lr: float,
-               optimizer: Literal["sgd", "adam", "adamw"] = "sgd", momentum: float = 0.0,
-               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-               lr_schedule: Callable[[int], float] | None = None, dp: bool = True, noise_multiplier: float = 1.0,
-               max_grad_norm: float = 1.0, sampling: Literal["poisson", "shuffle"] = "poisson",
-               physical_batch_size: int = 256, device: torch.device | str = "cpu", executor: Executor = "auto",
-               workers: int = 2, max_models_per_batch: int | None = None,
+               seeds: Sequence[int], recipe: TrainRecipe, device: torch.device | str = "cpu",
+               executor: Executor = "auto", workers: int = 2, max_models_per_batch: int | None = None,
                process_inner: Literal["batched", "sequential"] = "batched",
                threads_per_worker: int = 1) -> list[dict[str, Tensor]]:
     """Train K models of one architecture, model k on the pool examples ``masks[k]`` with seed ``seeds[k]``.
@@ -204,8 +200,8 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
         y: int64 labels (N,).
         masks: bool (K, N) membership; model k trains only on ``masks[k]``.
         seeds: K non-negative ints; seed k fixes model k's initialisation, batches and noise.
-        steps, batch_size, lr, optimizer, momentum, betas, eps, weight_decay, lr_schedule, dp, noise_multiplier,
-            max_grad_norm, sampling, physical_batch_size: the recipe, see :class:`TrainRecipe`.
+        recipe: how every model is trained (flat clipping, no secure mode); model k's Poisson rate is
+            ``recipe.batch_size / masks[k].sum()``.
         device: where to train.
         executor: "batched" (vmap over models, in chunks of ``max_models_per_batch``), "sequential"
             (:func:`train_one` per model), "process" (a spawn-context process pool of ``workers`` processes,
@@ -221,17 +217,15 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
         K state dicts on CPU, in mask order, with the names of ``model_factory().state_dict()``.
 
     Raises:
-        ConfigError: the model has BatchNorm, active dropout or no trainable parameters.
+        ConfigError: the model has BatchNorm, active dropout or no trainable parameters; the recipe clips
+            other than flat or asks for secure mode.
         DataError: a mask row selects no example.
         ValueError: a malformed argument (the message names it).
     """
     _check_pool(x, y)
+    check_recipe(recipe)
     m = _as_masks(masks, len(x))
     seeds = _as_seeds(seeds, len(m))
-    recipe = _recipe(steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum, betas=betas,
-                     eps=eps, weight_decay=weight_decay, lr_schedule=lr_schedule, dp=dp,
-                     noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, sampling=sampling,
-                     physical_batch_size=physical_batch_size)
     if executor not in ("auto", "batched", "sequential", "process"):
         raise ValueError(f"executor must be 'auto', 'batched', 'sequential' or 'process', got {executor!r}")
     if process_inner not in ("batched", "sequential"):
@@ -247,7 +241,7 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
         with seeded_init(seeds[0]):
             probe = model_factory()
         check_model(probe)
-        per_model = batched_memory_bytes(probe, 1, min(physical_batch_size, 2 * batch_size),
+        per_model = batched_memory_bytes(probe, 1, min(recipe.physical_batch_size, 2 * recipe.batch_size),
                                          input_shape=tuple(x.shape[1:]))
         chunk = max(1, min(chunk, _memory_budget(device) // max(per_model, 1)))
         if chunk >= 2 or len(seeds) == 1:
@@ -257,8 +251,8 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
         else:
             executor = "sequential"
     if executor == "process" and not _picklable((model_factory, recipe)):
-        raise ValueError("executor='process' needs a picklable model_factory and lr_schedule (module-level "
-                         "functions or functools.partial, not lambdas or local functions)")
+        raise ValueError("executor='process' needs a picklable model_factory (a module-level function or "
+                         "functools.partial, not a lambda or local function)")
     if executor == "batched":
         return _run_batched(model_factory, x, y, m, seeds, recipe, device, chunk)
     if executor == "sequential":
@@ -268,12 +262,7 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
 
 
 def train_one(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, mask: Tensor | np.ndarray, seed: int,
-              steps: int, batch_size: int, lr: float, optimizer: Literal["sgd", "adam", "adamw"] = "sgd",
-              momentum: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-              weight_decay: float = 0.0, lr_schedule: Callable[[int], float] | None = None, dp: bool = True,
-              noise_multiplier: float = 1.0, max_grad_norm: float = 1.0,
-              sampling: Literal["poisson", "shuffle"] = "poisson", physical_batch_size: int = 256,
-              device: torch.device | str = "cpu",
+              recipe: TrainRecipe, device: torch.device | str = "cpu",
               per_example: Literal["loop", "vmap"] = "vmap") -> dict[str, Tensor]:
     """Train one model exactly as :func:`train_many` trains the model with the same mask and seed.
 
@@ -290,9 +279,5 @@ def train_one(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, m
     _check_pool(x, y)
     m = _as_masks(mask.reshape(1, -1) if isinstance(mask, Tensor) else np.asarray(mask).reshape(1, -1), len(x))[0]
     seed = _as_seeds([seed], 1)[0]
-    recipe = _recipe(steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum, betas=betas,
-                     eps=eps, weight_decay=weight_decay, lr_schedule=lr_schedule, dp=dp,
-                     noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, sampling=sampling,
-                     physical_batch_size=physical_batch_size)
     return train_single(model_factory=model_factory, x=x, y=y, mask=m, seed=seed, recipe=recipe, device=device,
                         per_example=per_example)

@@ -1,6 +1,6 @@
-"""One model at a time: the reference for :class:`training.batched_engine.BatchedTrainer`.
+"""One model at a time: the reference for :class:`training.dp.batched.engine.BatchedTrainer`.
 
-Same recipe and the same random streams (:mod:`training.batched_recipe`) as the batched trainer, written
+Same recipe, sampler, noise streams and optimizer factory as the batched trainer (:mod:`training.dp`), written
 directly over an ``nn.Module`` and ``torch.optim``: per-example gradients either by a plain autograd loop
 over the batch (``per_example="loop"``, obviously correct, slow) or by ``torch.func.vmap`` over the examples
 of this one model (``per_example="vmap"``, the fast one-at-a-time baseline used by the sequential executor).
@@ -17,17 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from training.batched_recipe import (
-    CLIP_EPS,
-    TrainRecipe,
-    batch_indices,
-    check_model,
-    make_optimizer,
-    noise_generator,
-    seeded_init,
-    set_lr,
-    trainable_names,
-)
+from training.dp.batched.engine import check_model, check_recipe, draw_noise, member_samplers
+from training.dp.clipping import flat_clip_factors
+from training.dp.optim import build_optimizer, set_lr, trainable_names
+from training.dp.recipe import TrainRecipe
+from training.dp.rng import seeded_init
 
 __all__ = ["train_single"]
 
@@ -41,7 +35,7 @@ def _clipped_sum_loop(model: nn.Module, params: dict[str, nn.Parameter], x: Tens
         F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
         g = {n: p.grad.detach().clone() for n, p in params.items()}
         norm = torch.sqrt(sum(v.pow(2).sum() for v in g.values()))
-        factor = (clip / (norm + CLIP_EPS)).clamp(max=1.0)
+        factor = flat_clip_factors(norm, max_grad_norm=clip)
         for n in total:
             total[n].add_(factor * g[n])
     model.zero_grad(set_to_none=True)
@@ -58,7 +52,7 @@ def _clipped_sum_vmap(model: nn.Module, params: dict[str, nn.Parameter], x: Tens
 
     per_example = vmap(grad(loss), in_dims=(None, 0, 0))(detached, x, y)
     sq = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square() for g in per_example.values())
-    factor = (clip / (sq.sqrt() + CLIP_EPS)).clamp(max=1.0)
+    factor = flat_clip_factors(sq.sqrt(), max_grad_norm=clip)
     return {n: torch.tensordot(factor, g, dims=1) for n, g in per_example.items()}
 
 
@@ -85,6 +79,7 @@ def train_single(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor
     """
     if per_example not in ("loop", "vmap"):
         raise ValueError(f"per_example must be 'loop' or 'vmap', got {per_example!r}")
+    check_recipe(recipe)
     device = torch.device(device)
     with seeded_init(seed):
         model = model_factory()
@@ -93,24 +88,22 @@ def train_single(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor
     names = trainable_names(model)
     named = dict(model.named_parameters())
     params = {n: named[n] for n in names}
-    optimizer = make_optimizer(list(params.values()), recipe)
+    optimizer = build_optimizer(list(params.values()), recipe.optim, foreach=False)
     x, y = x.to(device, params[names[0]].dtype), y.to(device)
-    members = np.flatnonzero(np.asarray(mask, dtype=bool))
+    [(members, sampler)] = member_samplers(np.asarray(mask, dtype=bool).reshape(1, -1), [seed], recipe)
     clipped_sum = _clipped_sum_loop if per_example == "loop" else _clipped_sum_vmap
     r = recipe
     for t in range(r.steps):
-        idx = torch.from_numpy(batch_indices(members, batch_size=r.batch_size, seed=seed, step=t,
-                                             sampling=r.sampling)).to(device)
+        idx = torch.from_numpy(members[sampler.indices(t)]).to(device)
         chunks = [c for c in torch.split(idx, r.physical_batch_size) if len(c)]  # none for an empty batch
         if r.dp:
             summed = {n: torch.zeros_like(p) for n, p in params.items()}
             for part in chunks:
                 for n, g in clipped_sum(model, params, x[part], y[part], r.max_grad_norm).items():
                     summed[n].add_(g)
-            noise = torch.randn(sum(p.numel() for p in params.values()), generator=noise_generator(seed, t, device),
-                                device=device, dtype=params[names[0]].dtype)
-            noise = torch.split(noise * (r.noise_multiplier * r.max_grad_norm), [p.numel() for p in params.values()])
-            grads = {n: (summed[n] + z.view_as(summed[n])) / r.batch_size for n, z in zip(names, noise)}
+            noise = draw_noise(seed, t, [p.shape for p in params.values()], std=r.noise_multiplier * r.max_grad_norm,
+                               device=device, dtype=params[names[0]].dtype)
+            grads = {n: (summed[n] + z) / r.batch_size for n, z in zip(names, noise)}
         else:
             model.zero_grad(set_to_none=True)
             for part in chunks:

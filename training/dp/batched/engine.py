@@ -1,14 +1,16 @@
 """Train K small models at once: parameters stacked on a model axis, per-example gradients by nested vmap.
 
 The per-model state (parameters, optimizer moments) is stacked along a leading axis of size K
-(``torch.func.stack_module_state``). One step gathers each model's own batch (drawn from its members only,
-:func:`training.batched_recipe.batch_indices`) into a (K, B_max, ...) tensor, padded with an all-zero
-example of weight 0, and computes ``vmap`` over models of ``vmap`` over examples of ``grad`` of the loss
-(``torch.func.functional_call``). DP-SGD (Abadi et al. 2016): clip each example's flat gradient to
-``max_grad_norm``, sum, add N(0, (sigma C)^2) noise from the model's own generator, divide by the expected
-batch size. Without DP the gradient of the mean loss over the model's actual batch is used (zero for an
-empty batch). The stacked optimizer is a plain ``torch.optim`` optimizer: its update is coordinate-wise, so
-it is exactly each model's own update.
+(``torch.func.stack_module_state``). One step gathers each model's own batch (drawn from its members only by
+the shared sampler contract, :func:`training.dp.sampling.make_sampler` over the model's n_k members) into a
+(K, B_max, ...) tensor, padded with an all-zero example of weight 0, and computes ``vmap`` over models of
+``vmap`` over examples of ``grad`` of the loss (``torch.func.functional_call``). DP-SGD (Abadi et al. 2016):
+clip each example's flat gradient to C (Opacus's factor min(1, C / (‖g‖ + 1e-6))), sum, add N(0, (σC)²) noise
+drawn per trainable tensor, in :func:`training.dp.optim.trainable_names` order, from the model's own
+generator for the step (:func:`training.dp.rng.noise_generator`, exactly as the Opacus engine draws it), and
+divide by the expected batch size B. Without DP the gradient of the mean loss over the model's actual batch
+is used (zero for an empty batch). The stacked optimizer comes from :func:`training.dp.optim.build_optimizer`:
+its update is coordinate-wise, so it is exactly each model's own update.
 
 Only models without BatchNorm and without dropout are accepted (see :func:`check_model`).
 """
@@ -24,19 +26,68 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from training.batched_recipe import (
-    CLIP_EPS,
-    TrainRecipe,
-    batch_indices,
-    check_model,
-    make_optimizer,
-    noise_generator,
-    seeded_init,
-    set_lr,
-    trainable_names,
-)
+from training.dp.clipping import flat_clip_factors
+from training.dp.optim import build_optimizer, set_lr, trainable_names
+from training.dp.recipe import TrainRecipe
+from training.dp.rng import noise_generator, seeded_init
+from training.dp.sampling import BatchSampler, make_sampler
+from training.errors import ConfigError
 
-__all__ = ["BatchedTrainer"]
+__all__ = ["BatchedTrainer", "check_model", "check_recipe", "member_samplers", "draw_noise"]
+
+
+def check_model(model: nn.Module) -> None:
+    """Refuse modules whose per-example gradients are not independent or not reproducible.
+
+    Raises:
+        ConfigError: the model has BatchNorm (mixes examples; use GroupNorm) or active dropout (random per
+            call, so batched and one-at-a-time training could not agree).
+    """
+    bad = [name or type(model).__name__ for name, m in model.named_modules()
+           if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm))]
+    if bad:
+        raise ConfigError(f"batched training needs models without BatchNorm (found it at {', '.join(bad[:3])}); "
+                          "use GroupNorm (e.g. model.fix_batchnorm=true) or no normalisation")
+    drop = [name for name, m in model.named_modules()
+            if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    if drop:
+        raise ConfigError(f"batched training needs models without dropout (found p>0 at {', '.join(drop[:3])}); "
+                          "set the dropout rate to 0")
+
+
+def check_recipe(recipe: TrainRecipe) -> None:
+    """Refuse recipes the batched engine does not implement (use the Opacus engine for them).
+
+    Raises:
+        ConfigError: non-flat clipping, or secure mode (batched training is reproducible by design).
+    """
+    if not isinstance(recipe, TrainRecipe):
+        raise TypeError(f"recipe must be a TrainRecipe, got {type(recipe).__name__}")
+    if recipe.dp and recipe.clipping != "flat":
+        raise ConfigError(f"batched training clips flat only, got clipping={recipe.clipping!r}; "
+                          "train with the regular trainer (executor sequential or process)")
+    if recipe.secure_mode:
+        raise ConfigError("batched training derives every random stream from the model's seed; secure mode is "
+                          "not supported (train reference models with secure_mode off)")
+
+
+def member_samplers(masks: np.ndarray, seeds: Sequence[int], recipe: TrainRecipe
+                    ) -> list[tuple[np.ndarray, BatchSampler]]:
+    """(members, sampler) of each model: the shared sampler over the model's n_k members, q = B / n_k."""
+    out = []
+    for m, s in zip(masks, seeds):
+        members = np.flatnonzero(m)
+        out.append((members, make_sampler(sampling=recipe.sampling, n=len(members), batch_size=recipe.batch_size,
+                                          seed=int(s))))
+    return out
+
+
+def draw_noise(seed: int, step: int, shapes: Sequence[torch.Size], *, std: float, device: torch.device,
+               dtype: torch.dtype) -> list[Tensor]:
+    """N(0, std²) noise of one model's step, one tensor per trainable parameter, drawn as Opacus draws it."""
+    gen = noise_generator(seed, step, device)
+    return [torch.normal(mean=0.0, std=std, size=tuple(s), generator=gen, device=device, dtype=dtype)
+            for s in shapes]
 
 
 class BatchedTrainer:
@@ -61,6 +112,7 @@ class BatchedTrainer:
         if masks.ndim != 2 or masks.shape[1] != x.shape[0] or len(seeds) != masks.shape[0]:
             raise ValueError(f"masks must be (K, N) = ({len(seeds)}, {x.shape[0]}) for {len(seeds)} seeds and "
                              f"{x.shape[0]} pool examples, got {masks.shape}")
+        check_recipe(recipe)
         self.recipe = recipe
         self.device = torch.device(device)
         self.seeds = [int(s) for s in seeds]
@@ -82,15 +134,14 @@ class BatchedTrainer:
         self.base = copy.deepcopy(self.models[0]).to("meta")
         self.base.train()
         self.shapes = [self.params[n].shape[1:] for n in self.names]
-        self.numels = [int(np.prod(s)) for s in self.shapes]
-        self.optimizer = make_optimizer(list(self.params.values()), recipe)
+        self.optimizer = build_optimizer(list(self.params.values()), recipe.optim, foreach=False)
         n = x.shape[0]
         # one extra all-zero example (index n) pads every model's batch to a common size
         dtype = self.params[self.names[0]].dtype
         self.x = torch.cat([x, x.new_zeros((1, *x.shape[1:]))]).to(self.device, dtype)
         self.y = torch.cat([y, y.new_zeros(1)]).to(self.device)
         self.pad_index = n
-        self.members = [np.flatnonzero(m) for m in masks]
+        self.samplers = member_samplers(masks, self.seeds, recipe)
         self.step_count = 0
         self._dp_fn = vmap(self._clipped_sum, in_dims=(0, 0, 0, 0, 0))
         self._sum_fn = vmap(self._sum_grad, in_dims=(0, 0, 0, 0, 0))
@@ -104,7 +155,7 @@ class BatchedTrainer:
                      wb: Tensor) -> dict[str, Tensor]:
         per_example = vmap(grad(self._example_loss), in_dims=(None, None, 0, 0))(params, consts, xb, yb)
         sq = sum(torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square() for g in per_example.values())
-        factor = (self.recipe.max_grad_norm / (sq.sqrt() + CLIP_EPS)).clamp(max=1.0) * wb
+        factor = flat_clip_factors(sq.sqrt(), max_grad_norm=self.recipe.max_grad_norm) * wb
         return {n: torch.tensordot(factor, g, dims=1) for n, g in per_example.items()}
 
     def _sum_grad(self, params: dict[str, Tensor], consts: dict[str, Tensor], xb: Tensor, yb: Tensor,
@@ -118,9 +169,7 @@ class BatchedTrainer:
     # -- one logical step ------------------------------------------------------------------------------------
     def _batch_matrix(self, step: int) -> tuple[Tensor, Tensor, np.ndarray]:
         """(K, B_max) pool indices (pad = zero example) and 0/1 weights of every model's batch."""
-        r = self.recipe
-        batches = [batch_indices(m, batch_size=r.batch_size, seed=s, step=step, sampling=r.sampling)
-                   for m, s in zip(self.members, self.seeds)]
+        batches = [members[sampler.indices(step)] for members, sampler in self.samplers]
         sizes = np.array([len(b) for b in batches], dtype=np.int64)
         width = int(sizes.max(initial=0))
         idx = np.full((len(batches), width), self.pad_index, dtype=np.int64)
@@ -129,12 +178,13 @@ class BatchedTrainer:
         weights = torch.from_numpy(idx != self.pad_index).to(self.device, self.x.dtype)
         return torch.from_numpy(idx).to(self.device), weights, sizes
 
-    def _noise(self, step: int) -> Tensor:
-        """(K, D) standard normal noise, row k from model k's own generator for ``step``."""
-        total = sum(self.numels)
+    def _noise(self, step: int) -> list[Tensor]:
+        """(K, *shape) noise per trainable parameter; model k's rows drawn from its own generator for ``step``."""
+        r = self.recipe
         dtype = self.params[self.names[0]].dtype
-        return torch.stack([torch.randn(total, generator=noise_generator(s, step, self.device), device=self.device,
-                                        dtype=dtype) for s in self.seeds])
+        per_model = [draw_noise(s, step, self.shapes, std=r.noise_multiplier * r.max_grad_norm, device=self.device,
+                                dtype=dtype) for s in self.seeds]
+        return [torch.stack(z) for z in zip(*per_model)]
 
     def step(self) -> np.ndarray:
         """Run one logical step for every model; return the K actual batch sizes."""
@@ -149,10 +199,7 @@ class BatchedTrainer:
             for n in self.names:
                 summed[n].add_(part[n])
         if r.dp:
-            noise = self._noise(t).mul_(r.noise_multiplier * r.max_grad_norm)
-            chunks = torch.split(noise, self.numels, dim=1)
-            grads = {n: (summed[n] + c.view(k, *s)) / r.batch_size
-                     for n, c, s in zip(self.names, chunks, self.shapes)}
+            grads = {n: (summed[n] + z) / r.batch_size for n, z in zip(self.names, self._noise(t))}
         else:
             denom = torch.from_numpy(np.maximum(sizes, 1)).to(self.device, self.x.dtype)
             grads = {n: summed[n] / denom.view(k, *([1] * len(s))) for n, s in zip(self.names, self.shapes)}

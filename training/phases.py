@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from training.config import OptimConfig, PrivacyConfig
-from training.dp.sampling import PoissonSampler, ShuffleSampler
+from training.dp.recipe import TrainRecipe
+from training.dp.sampling import BatchSampler, make_sampler
 from training.manifest import PhaseInfo
 
 __all__ = ["PhaseSpec", "CARRY_MODES", "carry_optimizer_state", "set_trainable", "FIRST_MOMENT_KEYS"]
@@ -97,10 +98,16 @@ class PhaseSpec:
     def sample_rate(self) -> float:
         return self.batch_size / self.n
 
-    def sampler(self) -> PoissonSampler | ShuffleSampler:
-        if self.privacy.sampling == "poisson":
-            return PoissonSampler(self.n, self.sample_rate, self.sampler_seed)
-        return ShuffleSampler(self.n, self.batch_size, self.sampler_seed)
+    def sampler(self) -> BatchSampler:
+        """The phase's batch sampler over its ``n`` examples (q = batch_size / n)."""
+        return make_sampler(sampling=self.privacy.sampling, n=self.n, batch_size=self.batch_size,
+                            seed=self.sampler_seed)
+
+    def train_recipe(self, *, physical_batch_size: int) -> TrainRecipe:
+        """The :class:`~training.dp.recipe.TrainRecipe` the engine runs this phase with."""
+        return TrainRecipe.from_privacy(privacy=self.privacy, optim=self.optim, steps=self.steps,
+                                        batch_size=self.batch_size, noise_multiplier=self.sigma if self.dp else None,
+                                        physical_batch_size=physical_batch_size)
 
     def phase_info(self, *, steps_done: int, frozen: Sequence[str], epsilon: float | None = None) -> PhaseInfo:
         """The manifest entry of this phase after ``steps_done`` steps."""

@@ -1,13 +1,20 @@
-"""The step loop shared by every recipe: one phase at a time, resumable at any checkpoint, across phases too.
+"""The training loop shared by every recipe: one phase at a time, resumable at any checkpoint, across phases too.
 
-For a phase, :func:`run_phase` builds the :class:`training.dp.engine.Stepper`, carries the previous phase's
-optimizer state, then takes steps: the batch of local step t comes from the phase's sampler (a pure function of
-(seed, t)), the noise generator is reseeded from (run seed, global step), so a resumed run continues exactly
-like the uninterrupted one. After every step it logs (TensorBoard + history), measures tr(H) every
-``training.hessian.every`` global steps, evaluates test accuracy every ``training.eval_every`` steps, asks the
-recipe's ``decide`` callback whether to end the phase early (continual pre-training's switch rules), and every
-``checkpoint_every`` steps (and at the end of the phase) saves the full state: weights, optimizer, noise
-generator, history, and the recipe's own state (the switch step, rule evaluations).
+For a phase, :func:`run_phase` builds the :class:`training.dp.engine.Stepper` from the phase's
+:class:`~training.dp.recipe.TrainRecipe`, carries the previous phase's optimizer state, then takes steps: the
+batch of local step t comes from the phase's sampler (a pure function of (seed, t)), the noise generator is
+reseeded with ``derive_seed(run seed, NOISE, global step)`` (:mod:`training.dp.rng`), so a resumed run continues
+exactly like the uninterrupted one. After every step it logs (TensorBoard + history, with the ε curve of
+:class:`training.accounting.RdpCurve`), measures tr(H) every ``training.hessian.every`` global steps, evaluates
+test accuracy every ``training.eval_every`` steps, asks the recipe's ``decide`` callback whether to end the phase
+early (continual pre-training's switch rules), and every ``checkpoint_every`` steps (and at the end of the
+phase) saves the full state: weights, optimizer, noise generator, history, and the recipe's own state.
+
+Secure mode (``privacy.secure_mode``): the run seed is a secret drawn from the OS CSPRNG
+(:func:`training.dp.rng.secret_seed`) when the process starts; it is never written to the config, the manifest
+or the saved state, and the saved state holds no generator state. A resumed secure run therefore draws a new
+secret: its remaining batches and noise are fresh and independent (what the DP analysis needs), but the run is
+not bit-identical to an uninterrupted one — reproducibility and secure mode are different settings.
 """
 
 from __future__ import annotations
@@ -22,69 +29,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from training.accounting import RdpCurve
 from training.checkpoint import save_state
 from training.data import ImageSet, to_float_tensor
 from training.dp.engine import Stepper, StepStats, make_stepper
+from training.dp.optim import trainable_names
+from training.dp.rng import Stream, derive_seed
 from training.evaluate import accuracy
 from training.hessian import HessianMonitor
 from training.io import save_safetensors
-from training.recipes.phases import PhaseSpec, carry_optimizer_state, set_trainable
+from training.phases import PhaseSpec, carry_optimizer_state, set_trainable
 
-__all__ = ["RunContext", "PhaseResult", "NextPhase", "run_phase", "run_phases", "step_seed", "trainable_names",
-           "RdpCurve", "INIT_WEIGHTS_FILE"]
+__all__ = ["RunContext", "PhaseResult", "NextPhase", "run_phase", "run_phases", "INIT_WEIGHTS_FILE"]
 
 INIT_WEIGHTS_FILE = "model_init.safetensors"
-NOISE_STREAM = 1
-
-
-def step_seed(seed: int, step: int, stream: int) -> int:
-    """A 63-bit seed for (run seed, step, stream): per-step randomness that makes resume exact."""
-    return int(np.random.SeedSequence([int(seed), int(step), int(stream)]).generate_state(2, np.uint32)
-               .astype(np.uint64).dot([1 << 31, 1]))
-
-
-class RdpCurve:
-    """ε spent by DP phases given as (σ, q, steps), for the TensorBoard curve (the claim itself uses the
-    configured accountant once, at the end). RDP composes by adding RDP vectors, linear in the steps, so one RDP
-    evaluation per (σ, q) serves every step of every phase.
-
-    >>> curve = RdpCurve(delta=1e-5)
-    >>> curve([(1.0, 0.01, 500), (1.0, 0.01, 500)]) == curve([(1.0, 0.01, 1000)])
-    True
-    >>> curve([(0.0, 0.01, 1)])
-    inf
-    """
-
-    ORDERS = tuple([1 + x / 4.0 for x in range(1, 40)] + list(range(11, 64)) + [128, 256])
-
-    def __init__(self, *, delta: float) -> None:
-        self._delta = float(delta)
-        self._one_step: dict[tuple[float, float], np.ndarray] = {}
-
-    def _rdp1(self, sigma: float, q: float) -> np.ndarray:
-        from opacus.accountants.analysis.rdp import compute_rdp
-
-        key = (float(sigma), float(q))
-        if key not in self._one_step:
-            self._one_step[key] = np.asarray(compute_rdp(q=q, noise_multiplier=sigma, steps=1,
-                                                         orders=list(self.ORDERS)))
-        return self._one_step[key]
-
-    def __call__(self, phases: list[tuple[float, float, int]]) -> float:
-        from opacus.accountants.analysis.rdp import get_privacy_spent
-
-        active = [(s, q, t) for s, q, t in phases if t > 0]
-        if not active:
-            return 0.0
-        if any(s <= 0 for s, _, _ in active):
-            return float("inf")
-        rdp = sum(self._rdp1(s, q) * t for s, q, t in active)
-        eps, _ = get_privacy_spent(orders=list(self.ORDERS), rdp=rdp, delta=self._delta)
-        return float(eps)
-
-
-def trainable_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 @dataclass
@@ -94,7 +52,8 @@ class RunContext:
     Attributes:
         run_dir, config_sha: the run directory and the resolved config's sha256 (stored in the state); run_dir
             None: nothing is written (in-memory fine-tuning, :func:`training.recipes.finetune.finetune`).
-        seed: the run's seed (noise stream and per-step seeds).
+        seed: the run's effective seed (noise and sampler streams); in secure mode a secret from
+            :func:`training.dp.rng.secret_seed`, never saved.
         device: where the model trains.
         logger: a :class:`training.progress.TrainLogger` (None: nothing is logged, tr(H) is not measured).
         physical_batch_size: largest chunk held in memory at once.
@@ -219,9 +178,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
         save_safetensors(ctx.run_dir / INIT_WEIGHTS_FILE, model.state_dict())  # θ_0 of the white-box audit
     generator = torch.Generator(device=ctx.device)
     stepper = make_stepper(
-        model=model, privacy=spec.privacy, optim=spec.optim, sample_rate=spec.sample_rate,
-        expected_batch_size=spec.batch_size, total_steps=spec.steps, noise_multiplier=spec.sigma if spec.dp else None,
-        physical_batch_size=ctx.physical_batch_size, generator=generator, device=ctx.device,
+        model=model, recipe=spec.train_recipe(physical_batch_size=ctx.physical_batch_size),
+        sample_rate=spec.sample_rate, generator=generator, device=ctx.device,
         gradient_canaries=ctx.canaries if spec.dp else None, _debug_disable_noise=ctx.debug_disable_noise and spec.dp)
     if stepper_state is not None:
         stepper.load_state_dict(stepper_state)
@@ -239,7 +197,7 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
     try:
         for local in range(start, spec.steps):
             idx = spec.rows(sampler.indices(local))
-            generator.manual_seed(step_seed(ctx.seed, ctx.global_step, NOISE_STREAM))
+            generator.manual_seed(derive_seed(ctx.seed, Stream.NOISE, ctx.global_step))
             xb = to_float_tensor(spec.x[idx]).to(ctx.device)
             yb = torch.from_numpy(np.asarray(spec.y[idx], dtype=np.int64)).to(ctx.device)
             stats = stepper.step(xb, yb)

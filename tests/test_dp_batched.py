@@ -1,4 +1,4 @@
-"""Batched training of many small models (training.batched) against one-at-a-time references.
+"""Batched training of many small models (training.dp.batched) against one-at-a-time references.
 
 Tiny synthetic data (N=64 images of 3x8x8), K=3 models, a few steps: every test runs in seconds.
 """
@@ -10,8 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from training.batched import batched_memory_bytes, fits_batched, train_many, train_one
-from training.batched_recipe import TrainRecipe, batch_indices, seeded_init
+from training.config import OptimConfig
+from training.dp.batched import batched_memory_bytes, fits_batched, train_many, train_one
+from training.dp.batched.engine import member_samplers
+from training.dp.recipe import TrainRecipe
+from training.dp.rng import seeded_init
+from training.dp.sampling import make_sampler
 from training.errors import ConfigError, DataError
 
 N, K = 64, 3
@@ -70,6 +74,14 @@ def _initial(factory, seed: int) -> dict[str, torch.Tensor]:
         return {n: v.clone() for n, v in factory().state_dict().items()}
 
 
+def recipe(*, steps: int, batch_size: int, lr: float = 0.1, optimizer: str = "sgd", momentum: float = 0.0,
+           weight_decay: float = 0.0, schedule: str = "constant", noise_multiplier: float = 1.0,
+           **kw) -> TrainRecipe:
+    """A TrainRecipe from flat keywords (σ = 1 unless given, as the batched trainer's old default)."""
+    optim = OptimConfig(name=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, schedule=schedule)
+    return TrainRecipe(steps=steps, batch_size=batch_size, optim=optim, noise_multiplier=noise_multiplier, **kw)
+
+
 RECIPES = {
     "sgd": dict(optimizer="sgd", lr=0.3, momentum=0.9, weight_decay=1e-3),
     "adam": dict(optimizer="adam", lr=0.02),
@@ -80,8 +92,8 @@ RECIPES = {
 @pytest.mark.parametrize("opt", list(RECIPES))
 def test_batched_equals_one_at_a_time_autograd_loop(pool, opt, dp):
     x, y, masks = pool
-    common = dict(steps=4, batch_size=8, dp=dp, noise_multiplier=0.8, max_grad_norm=0.5, physical_batch_size=5,
-                  **RECIPES[opt])
+    common = dict(recipe=recipe(steps=4, batch_size=8, dp=dp, noise_multiplier=0.8, max_grad_norm=0.5,
+                                physical_batch_size=5, **RECIPES[opt]))
     batched = train_many(model_factory=tiny_cnn, x=x, y=y, masks=masks, seeds=[3, 4, 5], executor="batched",
                          **common)
     for k, seed in enumerate([3, 4, 5]):
@@ -94,13 +106,14 @@ def test_batched_equals_one_at_a_time_autograd_loop(pool, opt, dp):
 
 def test_sequential_executor_and_schedule_match_batched(pool):
     x, y, masks = pool
-    common = dict(steps=5, batch_size=10, optimizer="adamw", lr=0.05, weight_decay=0.1, dp=True,
-                  noise_multiplier=1.0, max_grad_norm=1.0, lr_schedule=lambda t: 1.0 / (1 + t))
+    r = recipe(steps=5, batch_size=10, optimizer="adamw", lr=0.05, weight_decay=0.1, dp=True,
+               noise_multiplier=1.0, max_grad_norm=1.0, schedule="cosine")
+    common = dict(recipe=r)
     a = train_many(model_factory=tiny_mlp, x=x, y=y, masks=masks, seeds=[0, 1, 2], executor="batched",
                    max_models_per_batch=2, **common)
     b = train_many(model_factory=tiny_mlp, x=x, y=y, masks=masks, seeds=[0, 1, 2], executor="sequential", **common)
     c = train_many(model_factory=tiny_mlp, x=x, y=y, masks=masks, seeds=[0, 1, 2], executor="batched",
-                   **{**common, "lr_schedule": None})
+                   recipe=recipe(steps=5, batch_size=10, optimizer="adamw", lr=0.05, weight_decay=0.1))
     for k in range(K):
         assert _max_rel_diff(a[k], b[k]) < 1e-5
         assert _max_rel_diff(a[k], c[k]) > 1e-4  # the schedule is applied
@@ -108,7 +121,7 @@ def test_sequential_executor_and_schedule_match_batched(pool):
 
 def test_buffers_and_frozen_parameters(pool):
     x, y, masks = pool
-    common = dict(steps=3, batch_size=8, lr=0.5, momentum=0.5, dp=True, noise_multiplier=0.5)
+    common = dict(recipe=recipe(steps=3, batch_size=8, lr=0.5, momentum=0.5, dp=True, noise_multiplier=0.5))
     out = train_many(model_factory=WithBuffersAndFrozen, x=x, y=y, masks=masks, seeds=[7, 8, 9],
                      executor="batched", **common)
     ref = train_one(model_factory=WithBuffersAndFrozen, x=x, y=y, mask=masks[1], seed=8, per_example="loop",
@@ -123,7 +136,8 @@ def test_buffers_and_frozen_parameters(pool):
 @pytest.mark.parametrize("dp", [True, False], ids=["dp", "nodp"])
 def test_model_ignores_examples_outside_its_mask(pool, dp):
     x, y, masks = pool
-    common = dict(steps=4, batch_size=8, lr=0.2, momentum=0.9, dp=dp, noise_multiplier=1.0, executor="batched")
+    common = dict(recipe=recipe(steps=4, batch_size=8, lr=0.2, momentum=0.9, dp=dp, noise_multiplier=1.0),
+                  executor="batched")
     before = train_many(model_factory=tiny_cnn, x=x, y=y, masks=masks, seeds=[0, 1, 2], **common)
     outside = ~masks[0]
     assert (outside & masks[1]).any()  # model 1 trains on some of the examples we change
@@ -142,8 +156,8 @@ def test_dp_noise_std_matches_lr_sigma_c_over_b(pool, executor):
     expected = lr * sigma * clip / b
     out = {}
     for steps in (1, 4):
-        sds = train_many(model_factory=ZeroGrad, x=x, y=y, masks=masks, seeds=[0, 1, 2], steps=steps, batch_size=b,
-                         lr=lr, dp=True, noise_multiplier=sigma, max_grad_norm=clip, executor=executor)
+        sds = train_many(model_factory=ZeroGrad, x=x, y=y, masks=masks, seeds=[0, 1, 2], executor=executor,
+                         recipe=recipe(steps=steps, batch_size=b, lr=lr, noise_multiplier=sigma, max_grad_norm=clip))
         out[steps] = torch.stack([sd["w"] for sd in sds])
     w1 = out[1]
     assert abs(float(w1.std()) / expected - 1) < 0.03
@@ -158,9 +172,10 @@ def test_empty_poisson_batches(pool, dp):
     x, y, _ = pool
     masks = np.zeros((2, N), dtype=bool)
     masks[0, :10], masks[1, 10:20] = True, True
-    seed = next(s for s in range(100) if any(len(batch_indices(np.arange(10, 20), batch_size=1, seed=s, step=t)) == 0
-                                             for t in range(4)))
-    common = dict(steps=4, batch_size=1, lr=0.2, momentum=0.9, dp=dp, noise_multiplier=0.5)
+    seed = next(s for s in range(100)
+                if any(len(make_sampler(sampling="poisson", n=10, batch_size=1, seed=s).indices(t)) == 0
+                       for t in range(4)))
+    common = dict(recipe=recipe(steps=4, batch_size=1, lr=0.2, momentum=0.9, dp=dp, noise_multiplier=0.5))
     out = train_many(model_factory=tiny_mlp, x=x, y=y, masks=masks, seeds=[0, seed], executor="batched", **common)
     for per_example in ("loop", "vmap"):
         ref = train_one(model_factory=tiny_mlp, x=x, y=y, mask=masks[1], seed=seed, per_example=per_example,
@@ -170,12 +185,11 @@ def test_empty_poisson_batches(pool, dp):
 
 def test_dp_without_noise_or_clipping_is_plain_minibatch_sgd(pool):
     x, y, masks = pool
-    common = dict(steps=6, batch_size=8, lr=0.3, momentum=0.9, sampling="shuffle", executor="batched")
-    dp = train_many(model_factory=tiny_cnn, x=x, y=y, masks=masks, seeds=[0, 1, 2], dp=True, noise_multiplier=0.0,
-                    max_grad_norm=1e6, **common)
-    plain = train_many(model_factory=tiny_cnn, x=x, y=y, masks=masks, seeds=[0, 1, 2], dp=False, **common)
-    clipped = train_many(model_factory=tiny_cnn, x=x, y=y, masks=masks, seeds=[0, 1, 2], dp=True,
-                         noise_multiplier=0.0, max_grad_norm=1e-3, **common)
+    common = dict(steps=6, batch_size=8, lr=0.3, momentum=0.9, sampling="shuffle")
+    run = dict(model_factory=tiny_cnn, x=x, y=y, masks=masks, seeds=[0, 1, 2], executor="batched")
+    dp = train_many(**run, recipe=recipe(dp=True, noise_multiplier=0.0, max_grad_norm=1e6, **common))
+    plain = train_many(**run, recipe=recipe(dp=False, **common))
+    clipped = train_many(**run, recipe=recipe(dp=True, noise_multiplier=0.0, max_grad_norm=1e-3, **common))
     for k in range(K):
         assert _max_rel_diff(dp[k], plain[k]) < 1e-5
         assert _max_rel_diff(clipped[k], plain[k]) > 1e-3
@@ -184,7 +198,7 @@ def test_dp_without_noise_or_clipping_is_plain_minibatch_sgd(pool):
 @pytest.mark.slow  # spawn start-up imports torch in each worker: seconds on an idle machine, more on a busy one
 def test_process_executor_equals_sequential(pool):
     x, y, masks = pool
-    common = dict(steps=2, batch_size=8, lr=0.3, dp=True, noise_multiplier=1.0, seeds=[5, 6])
+    common = dict(recipe=recipe(steps=2, batch_size=8, lr=0.3, dp=True, noise_multiplier=1.0), seeds=[5, 6])
     seq = train_many(model_factory=tiny_mlp, x=x, y=y, masks=masks[:2], executor="sequential", **common)
     proc = train_many(model_factory=tiny_mlp, x=x, y=y, masks=masks[:2], executor="process", workers=2, **common)
     for a, b in zip(seq, proc):
@@ -192,16 +206,18 @@ def test_process_executor_equals_sequential(pool):
         assert _max_rel_diff(a, b) < 1e-5
 
 
-def test_poisson_and_shuffle_batches():
-    members = np.flatnonzero(np.random.default_rng(0).random(200) < 0.5)
-    got = batch_indices(members, batch_size=10, seed=4, step=7)
-    keep = np.random.default_rng([4, 7]).random(len(members)) < 10 / len(members)
-    np.testing.assert_array_equal(got, members[keep])
-    sizes = [len(batch_indices(members, batch_size=10, seed=4, step=t)) for t in range(400)]
+def test_each_model_samples_its_members_with_the_shared_sampler():
+    masks = np.random.default_rng(0).random((2, 200)) < 0.5
+    r = recipe(steps=1, batch_size=10)
+    (members, sampler), _ = member_samplers(masks, [4, 5], r)
+    np.testing.assert_array_equal(members, np.flatnonzero(masks[0]))
+    same = make_sampler(sampling="poisson", n=len(members), batch_size=10, seed=4)
+    np.testing.assert_array_equal(sampler.indices(7), same.indices(7))
+    sizes = [len(sampler.indices(t)) for t in range(400)]
     assert abs(np.mean(sizes) - 10) < 0.6
+    (members, shuffle), _ = member_samplers(masks, [4, 5], recipe(steps=1, batch_size=10, sampling="shuffle"))
     per_epoch = len(members) // 10
-    epoch = np.concatenate([batch_indices(members, batch_size=10, seed=4, step=t, sampling="shuffle")
-                            for t in range(per_epoch)])
+    epoch = np.concatenate([members[shuffle.indices(t)] for t in range(per_epoch)])
     assert len(epoch) == len(set(epoch)) == per_epoch * 10 and set(epoch) <= set(members)
 
 
@@ -212,7 +228,7 @@ def test_fits_batched_and_auto(pool):
     assert batched_memory_bytes(model, 4, 16, input_shape=(3, 8, 8)) > small
     assert fits_batched(model, 2, 16, input_shape=(3, 8, 8), budget_bytes=small)
     assert not fits_batched(model, 2, 16, input_shape=(3, 8, 8), budget_bytes=small - 1)
-    common = dict(steps=2, batch_size=8, lr=0.1, seeds=[0, 1, 2])
+    common = dict(recipe=recipe(steps=2, batch_size=8, lr=0.1), seeds=[0, 1, 2])
     auto = train_many(model_factory=tiny_cnn, x=x, y=y, masks=masks, executor="auto", **common)
     batched = train_many(model_factory=tiny_cnn, x=x, y=y, masks=masks, executor="batched", **common)
     assert all(_max_rel_diff(a, b) < 1e-6 for a, b in zip(auto, batched))
@@ -220,7 +236,8 @@ def test_fits_batched_and_auto(pool):
 
 def test_rejects_batchnorm_dropout_and_bad_inputs(pool):
     x, y, masks = pool
-    common = dict(x=x, y=y, masks=masks, seeds=[0, 1, 2], steps=1, batch_size=8, lr=0.1, executor="batched")
+    one = recipe(steps=1, batch_size=8, lr=0.1)
+    common = dict(x=x, y=y, masks=masks, seeds=[0, 1, 2], recipe=one, executor="batched")
 
     def bn() -> nn.Module:
         return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 5))
@@ -231,7 +248,7 @@ def test_rejects_batchnorm_dropout_and_bad_inputs(pool):
     with pytest.raises(ConfigError, match="BatchNorm.*GroupNorm"):
         train_many(model_factory=bn, **common)
     with pytest.raises(ValueError, match="BatchNorm"):  # ConfigError is a ValueError
-        train_one(model_factory=bn, x=x, y=y, mask=masks[0], seed=0, steps=1, batch_size=8, lr=0.1)
+        train_one(model_factory=bn, x=x, y=y, mask=masks[0], seed=0, recipe=one)
     with pytest.raises(ConfigError, match="dropout"):
         train_many(model_factory=dropout, **common)
     with pytest.raises(DataError, match=r"masks\[1\]"):
@@ -241,8 +258,12 @@ def test_rejects_batchnorm_dropout_and_bad_inputs(pool):
         train_many(model_factory=tiny_mlp, **{**common, "masks": masks[:, :10]})
     with pytest.raises(ValueError, match="seeds"):
         train_many(model_factory=tiny_mlp, **{**common, "seeds": [0, 1]})
-    with pytest.raises(ValueError, match="lr"):
-        train_many(model_factory=tiny_mlp, **{**common, "lr": -1.0})
+    with pytest.raises(ConfigError, match="flat only"):
+        train_many(model_factory=tiny_mlp, **{**common, "recipe": recipe(steps=1, batch_size=8, clipping="per_layer")})
+    with pytest.raises(ConfigError, match="secure mode"):
+        train_many(model_factory=tiny_mlp, **{**common, "recipe": recipe(steps=1, batch_size=8, secure_mode=True)})
+    with pytest.raises(ValueError, match="steps"):
+        recipe(steps=0, batch_size=8)
     with pytest.raises(ValueError, match="executor"):
         train_many(model_factory=tiny_mlp, **{**common, "executor": "threads"})
     with pytest.raises(ValueError, match="picklable"):
@@ -250,4 +271,4 @@ def test_rejects_batchnorm_dropout_and_bad_inputs(pool):
     with pytest.raises(ValueError, match="y must be"):
         train_many(model_factory=tiny_mlp, **{**common, "y": y.int()})
     with pytest.raises(ValueError, match="sampling"):
-        TrainRecipe(steps=1, batch_size=1, lr=0.1, sampling="uniform")
+        TrainRecipe(steps=1, batch_size=1, sampling="uniform")
