@@ -3,7 +3,7 @@
 For a phase, :func:`run_phase` builds the :class:`training.dp.engine.Stepper` from the phase's
 :class:`~training.dp.recipe.TrainRecipe`, carries the previous phase's optimizer state, then takes steps: the
 batch of local step t comes from the phase's sampler (a pure function of (seed, t)), the noise generator is
-reseeded with ``derive_seed(run seed, NOISE, global step)`` (:mod:`training.dp.rng`), so a resumed run continues
+reseeded for every global step (:func:`training.dp.rng.seed_noise`), so a resumed run continues
 exactly like the uninterrupted one. After every step it logs (TensorBoard + history, with the ε curve of
 :class:`training.accounting.RdpCurve`), measures tr(H) every ``training.hessian.every`` global steps, evaluates
 test accuracy every ``training.eval_every`` steps, asks the recipe's ``decide`` callback whether to end the phase
@@ -34,7 +34,7 @@ from training.checkpoint import save_state
 from training.data import ImageSet, to_float_tensor
 from training.dp.engine import Stepper, StepStats, make_stepper
 from training.dp.optim import trainable_names
-from training.dp.rng import Stream, derive_seed
+from training.dp.rng import seed_noise
 from training.evaluate import accuracy
 from training.hessian import HessianMonitor
 from training.io import save_safetensors
@@ -197,7 +197,7 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
     try:
         for local in range(start, spec.steps):
             idx = spec.rows(sampler.indices(local))
-            generator.manual_seed(derive_seed(ctx.seed, Stream.NOISE, ctx.global_step))
+            seed_noise(generator, ctx.seed, ctx.global_step)
             xb = to_float_tensor(spec.x[idx]).to(ctx.device)
             yb = torch.from_numpy(np.asarray(spec.y[idx], dtype=np.int64)).to(ctx.device)
             stats = stepper.step(xb, yb)

@@ -25,6 +25,7 @@ upper bound, is returned instead and a :class:`RuntimeWarning` says so.
 2.101
 >>> default_delta(50_000)
 1e-06
+
 Modules: :mod:`~training.accounting.epsilon` (ε of a composition of phases under one accountant, the
 cross-check), :mod:`~training.accounting.calibrate` (σ for a target ε), :mod:`~training.accounting.delta` (δ
 conventions, steps per epoch) — pure functions over numbers — and :mod:`~training.accounting.curve`

@@ -37,6 +37,7 @@ def noise_multiplier_for(*, target_epsilon: float, sample_rate: float, steps: in
     Raises:
         UserError: if an argument is out of range, or the target is unreachable (needs σ > 1e4).
 
+    >>> from training.accounting.epsilon import epsilon_for
     >>> sigma = noise_multiplier_for(target_epsilon=2.0, sample_rate=0.01, steps=1000, delta=1e-5,
     ...                              accountant="rdp")
     >>> 0.0 <= 2.0 - epsilon_for(phases=[DPPhase(noise_multiplier=sigma, sample_rate=0.01, steps=1000)],

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["Stream", "derive_seed", "secret_seed", "noise_generator", "seeded_init", "SEED_BITS"]
+__all__ = ["Stream", "derive_seed", "secret_seed", "seed_noise", "noise_generator", "seeded_init", "SEED_BITS"]
 
 SEED_BITS = 64
 _PERSON = b"dp-audit-seed/1"  # BLAKE2b personalisation: this derivation, version 1
@@ -88,11 +88,15 @@ def secret_seed() -> int:
     return secrets.randbits(SEED_BITS)
 
 
+def seed_noise(generator: torch.Generator, seed: int, step: int) -> torch.Generator:
+    """Seed ``generator`` for the DP noise of ``step`` (both engines call this before each step's noise)."""
+    generator.manual_seed(derive_seed(seed, Stream.NOISE, step))
+    return generator
+
+
 def noise_generator(seed: int, step: int, device: torch.device | str) -> torch.Generator:
-    """The ``torch.Generator`` (on ``device``) of the DP noise of ``step`` for ``seed``."""
-    gen = torch.Generator(device=torch.device(device))
-    gen.manual_seed(derive_seed(seed, Stream.NOISE, step))
-    return gen
+    """A new ``torch.Generator`` (on ``device``) seeded for the DP noise of ``step`` (:func:`seed_noise`)."""
+    return seed_noise(torch.Generator(device=torch.device(device)), seed, step)
 
 
 @contextlib.contextmanager
