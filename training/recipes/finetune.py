@@ -11,10 +11,10 @@ Every DP fine-tuning in the project is built from the same three pieces:
   and bias zero: every class scores 0 at the start) or ``random`` (the model's own fresh classifier
   initialisation, ``reset_classifier``, drawn from a seed);
 * :func:`finetune_phases`: the phases of a plan (:class:`~training.recipes.budget.PhaseBudget` entries named
-  ``lp`` or ``fft``) as :class:`~training.recipes.phases.PhaseSpec` objects: ``lp`` trains only the head (the
+  ``lp`` or ``fft``) as :class:`~training.phases.PhaseSpec` objects: ``lp`` trains only the head (the
   backbone stays bit-identical), ``fft`` every parameter that was trainable when the plan was made; each
   phase has a fresh optimizer, its own sampler seed (:func:`~training.recipes.common.phase_seed`) and σ;
-* the step loop :func:`training.recipes.runner.run_phases` (Poisson or shuffled batches, per-example clipping
+* the step loop :func:`training.loop.run_phases` (Poisson or shuffled batches, per-example clipping
   and Gaussian noise through :func:`training.dp.engine.make_stepper`, the noise reseeded per global step from
   the seed). :func:`finetune` runs it in memory; the recipe runs it with checkpoints, logging and resume.
 
