@@ -40,6 +40,7 @@ from attacks.target import TargetRun, load_target
 from training.errors import CheckpointError, UserError
 from training.evaluate import accuracy
 from training.io import read_json, write_npz
+from training.run_lock import run_lock
 
 __all__ = ["AttackResult", "run_attack", "attack_is_complete"]
 
@@ -138,11 +139,21 @@ def run_attack(*, run_dir: str | os.PathLike[str], config: AttackConfig, retrain
 
     Raises:
         UntrustedCodeError: the run names code to import and ``trust_code`` is False (nothing was run).
-        CheckpointError: the run or its reference models do not verify.
+        CheckpointError: the run or its reference models do not verify, or another process holds the run's lock.
         UserError: attacks that cannot run on this run (no recipe, no members/non-members, K odd, ...).
         TypeError: ``config`` is not an :class:`~attacks.config.AttackConfig`.
     """
     settings = _settings(config)
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(f"run directory not found: {run_dir}")
+    with run_lock(run_dir):  # one writer: a concurrent attack (or its --retrain-shadows) fails fast instead
+        return _run_attack(run_dir=run_dir, settings=settings, retrain_shadows=retrain_shadows, progress=progress,
+                           trust_code=trust_code)
+
+
+def _run_attack(*, run_dir: str | os.PathLike[str], settings: AttackConfig, retrain_shadows: bool,
+                progress: bool, trust_code: bool) -> AttackResult:
+    """:func:`run_attack` with the run directory locked."""
     say = _logger(progress)
     target = load_target(run_dir, trust_code=trust_code)
     _check_attacks(settings, target)

@@ -11,13 +11,21 @@ models 1..K the reference models in keep-mask order)::
     keep              (K, n)         keep masks of the reference models
     augmentations     (A,)           query names, identity first
 
-A cache whose key differs is recomputed and replaced.
+    content_sha256    sha256 over every array above (name, dtype, shape, bytes)
+
+A cached file is re-used only when its key matches, its arrays hash to ``content_sha256`` and the target's own
+signals (model 0, recomputed each time: one forward pass) equal the cached ones; anything else (an edited, truncated
+or foreign file) is recomputed and replaced, with a message saying why. Reference-model rows are trusted as far as
+the reference models themselves are (their weights are verified against ``shadows/index.json``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +38,8 @@ from attacks.target import TargetRun
 from training.data import ImageSet
 from training.io import sha256_bytes, write_npz
 
-__all__ = ["SIGNALS_FILE", "Signals", "choose_population", "signals_key", "load_or_compute_signals"]
+__all__ = ["SIGNALS_FILE", "Signals", "choose_population", "signals_key", "content_sha256",
+           "load_or_compute_signals"]
 
 SIGNALS_FILE = "signals.npz"
 
@@ -69,17 +78,48 @@ def signals_key(*, target: TargetRun, shadows: ShadowSet | None, spec: Augmentat
     return sha256_bytes(json.dumps(data, sort_keys=True).encode("utf-8"))
 
 
-def _read_cache(path: Path, key: str) -> Signals | None:
+_FIELDS = ("key", "pool", "population", "population_index", "keep", "augmentations")
+
+
+def content_sha256(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over the named arrays (sorted by name; dtype, shape and bytes of each).
+
+    >>> a = {"x": np.arange(3)}
+    >>> content_sha256(a) == content_sha256({"x": np.arange(3)}) != content_sha256({"x": np.arange(4)})
+    True
+    """
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        arr = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode("utf-8"))
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _read_cache(path: Path, key: str, say: Callable[[str], None]) -> Signals | None:
+    """The cached signals when the file is readable, its key matches and its content hash holds; else None."""
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            if str(z["key"]) != key:
+            if "key" not in z.files or str(z["key"]) != key:
+                say(f"{path} was made from other inputs: recomputing")
                 return None
-            return Signals(pool=z["pool"], population=z["population"], population_index=z["population_index"],
-                           keep=z["keep"], augmentations=tuple(str(a) for a in z["augmentations"]), key=key)
-    except (OSError, KeyError, ValueError):  # unreadable or foreign cache: recompute it
+            arrays = {f: z[f] for f in _FIELDS}
+            recorded = str(z["content_sha256"]) if "content_sha256" in z.files else None
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        say(f"{path} is unreadable ({type(exc).__name__}): recomputing")
         return None
+    if recorded != content_sha256(arrays):
+        say(f"{path} does not match its content hash (edited, or written by an older version): recomputing")
+        return None
+    return Signals(pool=arrays["pool"], population=arrays["population"],
+                   population_index=arrays["population_index"], keep=arrays["keep"],
+                   augmentations=tuple(str(a) for a in arrays["augmentations"]), key=key)
+
+
+#: Tolerance between cached and recomputed target signals (different devices differ in the last digits).
+_RECHECK_TOL = 1e-3
 
 
 def load_or_compute_signals(*, target: TargetRun, shadows: ShadowSet | None, spec: AugmentationSpec,
@@ -109,24 +149,35 @@ def load_or_compute_signals(*, target: TargetRun, shadows: ShadowSet | None, spe
                       population_fingerprint=None if population is None else population.fingerprint(),
                       population_index=pop_index)
     path = target.run_dir / SIGNALS_FILE
-    cached = _read_cache(path, key)
-    if cached is not None:
-        say(f"signals re-used from {path}")
-        return cached
     run_dirs = [target.run_dir] + ([] if shadows is None else list(shadows.run_dirs))
     n, m, a = len(target.pool), pop_index.size, spec.n_augmentations
+
+    def signals_of(run: Path) -> tuple[np.ndarray, np.ndarray]:
+        model, _ = load_model_from_run(run, device=device, trust_code=target.code.trust_code)
+        on_pool = compute_signals(model, target.pool.x, target.pool.y, spec=spec, batch_size=batch_size,
+                                  device=device)
+        on_pop = compute_signals(model, population.x, population.y, spec=spec, batch_size=batch_size,
+                                 device=device) if m else np.empty((0, a), dtype=np.float32)
+        return on_pool, on_pop
+
+    cached = _read_cache(path, key, say)
+    target_phi = None
+    if cached is not None:
+        target_phi = signals_of(target.run_dir)
+        same = all(c.shape == t.shape and np.allclose(c, t, rtol=_RECHECK_TOL, atol=_RECHECK_TOL)
+                   for c, t in zip((cached.pool[0], cached.population[0]), target_phi))
+        if same:
+            say(f"signals re-used from {path} (content hash and the target's own signals verified)")
+            return cached
+        say(f"{path} holds target signals that differ from the target's weights: recomputing")
     phi_pool = np.empty((len(run_dirs), n, a), dtype=np.float32)
     phi_pop = np.empty((len(run_dirs), m, a), dtype=np.float32)
     for i, run in enumerate(run_dirs):
-        model, _ = load_model_from_run(run, device=device, trust_code=target.code.trust_code)
-        phi_pool[i] = compute_signals(model, target.pool.x, target.pool.y, spec=spec, batch_size=batch_size,
-                                      device=device)
-        if m:
-            phi_pop[i] = compute_signals(model, population.x, population.y, spec=spec, batch_size=batch_size,
-                                         device=device)
+        phi_pool[i], phi_pop[i] = target_phi if (i == 0 and target_phi is not None) else signals_of(run)
         say(f"signals: model {i + 1}/{len(run_dirs)}")
     keep = np.zeros((0, n), dtype=bool) if shadows is None else shadows.keep
-    write_npz(path, key=np.array(key), pool=phi_pool, population=phi_pop, population_index=pop_index, keep=keep,
-              augmentations=np.array(spec.names))
+    arrays = {"key": np.array(key), "pool": phi_pool, "population": phi_pop, "population_index": pop_index,
+              "keep": keep, "augmentations": np.array(spec.names)}
+    write_npz(path, **arrays, content_sha256=np.array(content_sha256(arrays)))
     return Signals(pool=phi_pool, population=phi_pop, population_index=pop_index, keep=keep,
                    augmentations=spec.names, key=key)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from training.checkpoint import check_finite_weights
 from training.config import TrainConfig, load_config
 from training.data import ImageSet, concat_sets, load_dataset
 from training.errors import CheckpointError, ConfigError, DataError
@@ -186,7 +187,7 @@ def load_target(run_dir: str | os.PathLike[str], *, trust_code: bool = False) ->
         raise CheckpointError(f"run directory not found: {run_dir}")
     code = require_code_trust(run_dir, trust_code=trust_code)
     manifest = read_manifest(run_dir)
-    verify_weights(run_dir, manifest)
+    check_finite_weights(verify_weights(run_dir, manifest))
     membership = load_membership(run_dir, manifest)
     config, population, pop_source = None, None, "none"
     if has_recipe(run_dir):

@@ -6,6 +6,7 @@ Errors caused by the user's input (:class:`training.errors.UserError`) print one
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -26,9 +27,46 @@ class AuditGroup(click.Group):
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("interrupted: outputs written so far are complete; re-run with --resume to continue",
+            click.echo(f"interrupted: outputs written so far are complete; {resume_hint(ctx.invoked_subcommand)}",
                        err=True)
             sys.exit(130)
+        except MemoryError:
+            click.echo("error: out of memory; lower data.image_size, data.pool_size or training.physical_batch_size "
+                       "(attacks: attack.signal_batch_size, attack.max_models_per_batch)", err=True)
+            sys.exit(2)
+        except OSError as exc:
+            click.echo(f"error: {os_error_message(exc)}", err=True)
+            sys.exit(2)
+
+
+def resume_hint(command: str | None) -> str:
+    """How to continue an interrupted command, naming only flags that command has.
+
+    >>> resume_hint("train")
+    're-run with --resume to continue'
+    >>> resume_hint("attack")
+    're-run the same command to continue (finished steps and reference models are re-used)'
+    """
+    if command == "train":
+        return "re-run with --resume to continue"
+    return "re-run the same command to continue (finished steps and reference models are re-used)"
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for a disk or permission error: what failed, on which file, and what to do.
+
+    >>> import errno
+    >>> os_error_message(OSError(errno.ENOSPC, "No space left on device", "/r/model.safetensors"))
+    'no space left on device writing /r/model.safetensors; free disk space or choose another output_dir, then re-run'
+    """
+    where = f" {exc.filename}" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device writing{where}; free disk space or choose another output_dir, then re-run"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied on{where or ' a file'} ({exc.strerror}); choose a writable output directory"
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        return f"{exc.strerror}:{where}; a path that should be a directory is a file (or the reverse)"
+    return f"{exc.strerror or exc}{':' + where if where else ''}"
 
 
 @click.group(cls=AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -37,7 +37,7 @@ from training.config import ModelConfig
 from training.data import concat_sets
 from training.errors import CheckpointError, ConfigError, DataError
 from training.evaluate import accuracy
-from training.io import save_safetensors, sha256_file, write_json, write_npy
+from training.io import check_output_dir, remove_run_dir, save_safetensors, sha256_file, write_json, write_npy
 from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PrivacyInfo, Provenance,
                                write_manifest)
 from training.models import build_model, count_parameters, load_weights_file
@@ -132,6 +132,9 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
     """
     out = Path(out)
     weights = Path(weights)
+    check_output_dir(out, what="run directory")
+    if overwrite and out.is_symlink():
+        remove_run_dir(out)  # refuses, before any work
     if (out / "manifest.json").exists() and not overwrite:
         raise CheckpointError(f"{out} already holds a run; choose another --out or pass --overwrite")
     privacy = _claim(claimed_epsilon, delta, accountant)
@@ -160,10 +163,8 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
     metrics = {"train_accuracy": accuracy(module, pool.subset(membership), device=dev),
                "test_accuracy": accuracy(module, non_eval, device=dev),
                "note": "train = accuracy on the members, test = accuracy on every non-member (pool and population)"}
-    if out.exists() and overwrite:
-        import shutil
-
-        shutil.rmtree(out)
+    if (out.exists() or out.is_symlink()) and overwrite:
+        remove_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     weights_path = save_safetensors(out / "model.safetensors", module.to("cpu").state_dict())
     mem_path = write_npy(out / "membership.npy", membership)

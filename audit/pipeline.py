@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from audit.config import RunConfig, select_variant, variant_names
+from training.errors import ConfigError
 from training.io import read_json, sha256_file, write_json
 
-__all__ = ["STEPS", "StepRecord", "VariantResult", "run_pipeline"]
+__all__ = ["STEPS", "StepRecord", "VariantResult", "preflight", "run_pipeline"]
 
 STEPS = ("train", "attack", "epsilon", "transfer", "report")
 Log = Callable[[str], None]
@@ -78,6 +79,17 @@ def _timed(records: list[StepRecord], step: str, fn: Callable[[], str]) -> None:
 
 def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool, progress: bool,
                  command: str | None, log: Log, warn: Log | None) -> VariantResult:
+    from training.io import check_output_dir
+    from training.run_lock import run_lock
+
+    check_output_dir(cfg.run_dir(), what="run directory")
+    with run_lock(cfg.run_dir(), command=command):  # the steps below take it again (nested, same process)
+        return _run_steps(cfg, steps=steps, retrain_shadows=retrain_shadows, progress=progress, command=command,
+                          log=log, warn=warn)
+
+
+def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool, progress: bool,
+               command: str | None, log: Log, warn: Log | None) -> VariantResult:
     from training.trainer import train
 
     run_dir = cfg.run_dir()
@@ -165,6 +177,28 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def preflight(cfg: RunConfig, steps: tuple[str, ...]) -> None:
+    """Check the attack, epsilon and transfer settings of one variant before anything trains.
+
+    Raises:
+        UserError: reference attacks with an odd or zero ``attack.n_reference``, an unknown attack, the pool
+            source reading an attack that is not run, or a transfer suite that does not load.
+    """
+    from attacks.shadows import check_n_reference
+
+    attacking = "attack" in steps and bool(cfg.attack.attacks)
+    if attacking and cfg.attack.needs_references:
+        check_n_reference(cfg.attack.n_reference)
+    if attacking and "epsilon" in steps and "pool" in cfg.epsilon.sources \
+            and cfg.epsilon.attack not in cfg.attack.attacks:
+        raise ConfigError(f"epsilon.attack is '{cfg.epsilon.attack}', but attack.attacks does not run it "
+                          f"({', '.join(cfg.attack.attacks)}); add it there or choose one of those")
+    if "transfer" in steps and cfg.transfer.suite is not None:
+        from audit.transfer.suite import load_suite
+
+        load_suite(Path(cfg.transfer.suite))
+
+
 def run_pipeline(*, config: RunConfig, variants: list[str] | None = None, steps: tuple[str, ...] = STEPS,
                  retrain_shadows: bool = False, progress: bool = True, command: str | None = None,
                  log: Log = print, warn: Log | None = None) -> list[VariantResult]:
@@ -177,9 +211,11 @@ def run_pipeline(*, config: RunConfig, variants: list[str] | None = None, steps:
         UserError: a bad config, missing data, or a mismatched/corrupt file in a run directory.
     """
     names = variants or variant_names(config)
+    chosen = [select_variant(config, name) for name in names]
+    for cfg in chosen:  # every variant's settings are checked before any of them trains
+        preflight(cfg, steps)
     results = []
-    for name in names:
-        cfg = select_variant(config, name)
+    for cfg in chosen:
         results.append(_run_variant(cfg, steps=steps, retrain_shadows=retrain_shadows, progress=progress,
                                     command=command, log=log, warn=warn))
     summary_path = Path(config.output_dir) / f"{config.name}.summary.json"

@@ -158,12 +158,20 @@ def test_attack_is_complete_tracks_inputs_and_settings(run_copy: Path) -> None:
 
 
 def test_signals_and_shadows_are_reused(run_copy: Path, monkeypatch) -> None:
-    def refuse(*_a, **_k):
-        raise AssertionError("signals should come from the cache")
+    """Only the target's own signals are recomputed (to verify the cache), never the reference models'."""
+    import attacks.signal_cache as cache
 
-    monkeypatch.setattr("attacks.signal_cache.compute_signals", refuse)
+    calls = []
+    real = cache.compute_signals
+
+    def count(model, *a, **k):
+        calls.append(model)
+        return real(model, *a, **k)
+
+    monkeypatch.setattr("attacks.signal_cache.compute_signals", count)
     again = run_attack(run_dir=run_copy, config=_config(attacks=("loss", "lira_online")), progress=False)
     assert again.shadows_trained == 0 and set(again.scores) == {"loss", "lira_online"}
+    assert len(calls) == 2 and calls[0] is calls[1]  # the target, on the pool and on the population
 
 
 def _edit_manifest(run: Path, section: str, key: str, value) -> None:

@@ -21,6 +21,7 @@ from audit.epsilon.runner import claim_is_gaussian, epsilon_is_complete, k_grids
 from audit.epsilon.sources import (Evidence, Skipped, finite_scores, gradient_canary_evidence, input_canary_evidence,
                                    pool_evidence)
 from training.config import TrainConfig, dump_config
+from training.accounting import noise_multiplier_for
 from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import (fingerprint_arrays, save_safetensors, sha256_bytes, sha256_file, write_npy, write_npz,
                          write_text)
@@ -54,8 +55,11 @@ def make_run(run_dir: Path, *, pool: int = 600, epsilon: float | None = 1.0, del
         write_text(run_dir / "config.yaml", text)
         config_sha = sha256_bytes(text.encode("utf-8"))
     dp = epsilon is not None
-    phase = PhaseInfo(name="private" if dp else "non-private", dp=dp, noise_multiplier=1.0 if dp else None,
-                      sample_rate=sample_rate, steps=100, epsilon=epsilon)
+    steps = 100 if epsilon != 0 else 0  # ε = 0 follows only from no step at all
+    sigma = (noise_multiplier_for(target_epsilon=epsilon, sample_rate=sample_rate, steps=steps, delta=delta,
+                                  accountant="rdp") if steps else 1.0) if dp else None  # the claim follows
+    phase = PhaseInfo(name="private" if dp else "non-private", dp=dp, noise_multiplier=sigma,
+                      sample_rate=sample_rate, steps=steps, epsilon=epsilon)
     x = np.zeros((pool, 8, 8, 3), dtype=np.uint8)
     model = model or ModelInfo(arch="mlp", num_classes=10, input_shape=(3, 8, 8), param_count=1,
                                trainable_param_count=1, weights_sha256="")
@@ -69,7 +73,7 @@ def make_run(run_dir: Path, *, pool: int = 600, epsilon: float | None = 1.0, del
                                                 n_members=int(membership.sum()), n_pool=pool),
                       canaries={"kind": "ood", "count": canaries, "seed": 0, "first_index": pool - canaries}
                       if canaries else None),
-        privacy=PrivacyInfo(dp=dp, delta=delta if dp else None, accountant="prv" if dp else None, epsilon=epsilon,
+        privacy=PrivacyInfo(dp=dp, delta=delta if dp else None, accountant="rdp" if dp else None, epsilon=epsilon,
                             phases=[phase]),
         training=training or {},
         provenance=Provenance(package_version="0", seed=seed, config_sha256=config_sha,
@@ -107,7 +111,7 @@ def test_strong_pool_attack_gives_violation_with_exact_schema(tmp_path):
     assert list(data) == TOP_KEYS
     assert data["format"] == EPSILON_FORMAT and data["run"] == "r"
     assert list(data["verdict"]) == VERDICT_KEYS
-    assert set(data["inputs"]) == {"weights_sha256", "scores_sha256", "config_sha256"}
+    assert set(data["inputs"]) == {"weights_sha256", "scores_sha256", "config_sha256", "claim_sha256"}
     assert data["inputs"]["scores_sha256"] == sha256_file(run / "scores.npz")
     assert [list(e) for e in data["estimates"]] == [ESTIMATE_KEYS] * len(data["estimates"])
     assert [(e["method"], e["source"]) for e in data["estimates"]] == [
@@ -286,7 +290,8 @@ def _white_box_run(tmp_path: Path, *, signal: float, count: int = 300, noise: fl
     from training.pool import draw_membership
 
     cfg = TrainConfig.model_validate({"name": "wb", "model": {"arch": "mlp", "kwargs": {"hidden": [64]}},
-                                      "training": {"steps": 1}})
+                                      "privacy": {"target_epsilon": 1.0, "accountant": "rdp"},
+                                      "training": {"steps": 100, "batch_size": 60}})  # as make_run's claim says
     torch.manual_seed(0)
     net = build_model(cfg.model, num_classes=10, input_shape=(3, 8, 8)).module
     init = {k: v.clone() for k, v in net.state_dict().items()}
@@ -410,3 +415,24 @@ def test_epsilon_options_are_merged_onto_the_config_without_a_shell(tmp_path):
         resolve_epsilon_config(sources="pool,telepathy")
     with pytest.raises(ConfigError, match="unknown attack 'lira'"):
         resolve_epsilon_config(attack="lira")
+
+
+def test_forged_claim_is_a_violation_whatever_the_evidence(tmp_path):
+    """Weak evidence (CONSISTENT on its own), but the manifest's ε was edited below what σ, q, T support."""
+    run = make_run(tmp_path / "r", epsilon=4.0)
+    write_scores(run, signal=0.0)
+    honest = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)))
+    assert honest.verdict.status == "CONSISTENT" and honest.verdict.findings == ()
+    manifest = read_manifest(run)
+    write_manifest(run, manifest.model_copy(update={"privacy": manifest.privacy.model_copy(update={"epsilon": 0.5})}))
+    assert not epsilon_is_complete(run, EpsilonConfig(sources=("pool",)))  # the claim changed: recompute
+    forged = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)))
+    assert forged.verdict.status == "VIOLATION" and forged.verdict.best_epsilon_lb < 0.5
+    assert forged.verdict.notes[0].startswith("claim does not follow from the stated mechanism: ε(PLD) = ")
+    assert read(run)["verdict"]["findings"][0]["severity"] == "error"
+    assert read(run)["verdict"]["findings"][0]["kind"] == "claim_not_from_mechanism"
+    from audit.report.build import build_report
+    from audit.report.inputs import load_run
+
+    glance = build_report(load_run(run)).glance
+    assert glance.status == "VIOLATION" and "not supported by the run's own record" in glance.summary

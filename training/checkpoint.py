@@ -71,6 +71,24 @@ def model_config_from_manifest(manifest: Manifest) -> ModelConfig:
                        normalize_mean=m.normalize_mean, normalize_std=m.normalize_std)
 
 
+def check_finite_weights(state: dict[str, torch.Tensor] | str | os.PathLike[str], path: Any = None) -> None:
+    """Refuse weights that hold NaN or inf (a diverged model: every attack on it would be meaningless).
+
+    Args:
+        state: a state dict, or the path of a safetensors file.
+        path: the file named in the message (default: ``state`` when it is a path).
+
+    Raises:
+        CheckpointError: some floating-point tensor is not finite.
+    """
+    if not isinstance(state, dict):
+        path, state = state, load_safetensors(state)
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(f"weights in {path} are not finite ({len(bad)} tensor(s) hold NaN or inf, first "
+                              f"'{bad[0]}'): the model diverged in training; retrain it with a lower learning rate")
+
+
 def load_model_from_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "cpu",
                         trust_code: bool = False) -> tuple[torch.nn.Module, Manifest]:
     """Rebuild the architecture named in the manifest and load its verified weights (eval mode).
@@ -92,6 +110,7 @@ def load_model_from_run(run_dir: str | os.PathLike[str], *, device: str | torch.
                         input_shape=tuple(manifest.model.input_shape), trust_code=trust_code)
     module = built.module
     state = load_safetensors(weights)
+    check_finite_weights(state, weights)
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -22,7 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from training.errors import ConfigError
 
+#: Largest ``data.image_size``: a pool is held in memory as uint8 N×S×S×3 (S = 1024: 3 MB per image).
+MAX_IMAGE_SIZE = 1024
+
 __all__ = [
+    "MAX_IMAGE_SIZE",
     "Strict",
     "DataConfig",
     "ModelConfig",
@@ -45,9 +49,10 @@ __all__ = [
 
 
 class Strict(BaseModel):
-    """Base for every config section: unknown keys are errors; instances are immutable."""
+    """Base for every config section: unknown keys are errors; floats are finite (``.inf`` and ``.nan`` are errors:
+    an infinite learning rate or clipping norm trains an all-NaN model); instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class DataConfig(Strict):
@@ -55,7 +60,8 @@ class DataConfig(Strict):
     root: str | None = Field(None, description="data root on local disk (path to the .npz file for 'npz')")
     split: str = Field("train", description="split the training pool is drawn from")
     test_split: str | None = Field("test", description="split used for test accuracy (None: no test set)")
-    image_size: int | None = Field(None, gt=0, description="resize images to this square size (None: native)")
+    image_size: int | None = Field(None, gt=0, le=MAX_IMAGE_SIZE,
+                                   description="resize images to this square size (None: native)")
     pool_size: int | None = Field(None, gt=0, description="use a seeded random subset of this many examples")
     pool_seed: int = Field(0, description="seed of the pool subset")
     test_size: int | None = Field(None, gt=0, description="cap on the number of test examples")

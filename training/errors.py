@@ -30,3 +30,7 @@ class CheckpointError(UserError):
 class UntrustedCodeError(UserError):
     """A config or run directory names code to import (``model.arch: package.module:factory``) and the caller
     did not say it trusts whoever wrote it (``trust_code=True``, ``--trust-code``)."""
+
+
+class TrainingDiverged(UserError):
+    """Training produced a non-finite loss: the run stops with the last good state kept."""

@@ -31,7 +31,12 @@ __all__ = [
     "fingerprint_arrays",
     "save_safetensors",
     "load_safetensors",
+    "check_output_dir",
+    "remove_run_dir",
 ]
+
+#: What marks a directory as a run directory that ``--overwrite`` may delete.
+RUN_DIR_MARKERS = ("manifest.json", "config.yaml", "state", "import.json")
 
 
 @contextlib.contextmanager
@@ -162,3 +167,71 @@ def load_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
         return load_file(str(path), device="cpu")
     except Exception as exc:  # safetensors raises its own error types for corrupt headers
         raise CheckpointError(f"weights file {path} is corrupt or not safetensors ({exc})") from None
+
+
+def check_output_dir(path: str | os.PathLike[str], *, what: str = "output directory") -> Path:
+    """Fail early, with one line, when ``path`` cannot become a writable directory.
+
+    Checks the first existing ancestor: it must be a directory, writable (``os.access``; note that root may write
+    anywhere but on a read-only file system).
+
+    Raises:
+        CheckpointError: ``path`` or an ancestor is a file, or the nearest existing directory is not writable.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> check_output_dir(d / "a" / "b") == d / "a" / "b"
+    True
+    >>> (d / "f").write_text("x") and None
+    >>> check_output_dir(d / "f" / "run")
+    Traceback (most recent call last):
+    ...
+    training.errors.CheckpointError: cannot write the output directory .../f/run: .../f is a file, not a directory; choose another output_dir or name
+    """
+    path = Path(path)
+    probe = path
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CheckpointError(f"cannot write the {what} {path}: {probe} is a file, not a directory; "
+                              "choose another output_dir or name")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write the {what} {path}: {probe} is not writable; choose a writable "
+                              "output_dir (or fix its permissions)")
+    return path
+
+
+def remove_run_dir(path: str | os.PathLike[str], *, keep: tuple[str, ...] = ()) -> None:
+    """Delete a run directory for ``--overwrite``, refusing anything that is not plainly one.
+
+    Args:
+        path: the run directory.
+        keep: names of entries to leave in place (the caller's lock file); the directory itself then stays too.
+
+    Raises:
+        CheckpointError: ``path`` is a symbolic link (deleting would follow it or fail halfway), not a directory, or
+            a non-empty directory holding none of :data:`RUN_DIR_MARKERS` (not a run directory: nothing is
+            deleted).
+    """
+    import shutil
+
+    path = Path(path)
+    if path.is_symlink():
+        raise CheckpointError(f"--overwrite refuses {path}: it is a symbolic link (to {os.readlink(path)}); delete "
+                              "it yourself or choose another output_dir or name")
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise CheckpointError(f"--overwrite refuses {path}: it is a file, not a run directory")
+    entries = [e for e in path.iterdir() if e.name not in keep]
+    if entries and not any((path / m).exists() for m in RUN_DIR_MARKERS):
+        raise CheckpointError(f"--overwrite refuses {path}: it holds no manifest.json, config.yaml or state/, so "
+                              "it is not a run directory; choose another output_dir or name")
+    if not keep:
+        shutil.rmtree(path)
+        return
+    for e in entries:
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e)
+        else:
+            e.unlink()

@@ -32,6 +32,7 @@ from torch import nn
 from training.accounting import RdpCurve
 from training.checkpoint import save_state
 from training.data import ImageSet, to_float_tensor
+from training.errors import TrainingDiverged
 from training.dp.engine import Stepper, StepStats, make_stepper
 from training.dp.optim import trainable_names
 from training.dp.rng import seed_noise
@@ -40,9 +41,25 @@ from training.hessian import HessianMonitor
 from training.io import save_safetensors
 from training.phases import PhaseSpec, carry_optimizer_state, set_trainable
 
-__all__ = ["RunContext", "PhaseResult", "NextPhase", "run_phase", "run_phases", "INIT_WEIGHTS_FILE"]
+__all__ = ["RunContext", "PhaseResult", "NextPhase", "run_phase", "run_phases", "INIT_WEIGHTS_FILE",
+           "check_finite_loss"]
 
 INIT_WEIGHTS_FILE = "model_init.safetensors"
+
+
+def check_finite_loss(stats: StepStats, *, step: int, phase: str) -> None:
+    """Stop a diverged run: a non-empty batch whose loss is not finite (NaN/inf weights or an exploding step).
+
+    Raised before the step's state is saved, so the run directory keeps the last good state.
+
+    Raises:
+        TrainingDiverged: the loss is NaN or infinite.
+    """
+    if stats.batch_size > 0 and not math.isfinite(stats.loss):
+        raise TrainingDiverged(
+            f"training diverged at step {step} (phase '{phase}'): the loss is {stats.loss} at learning rate "
+            f"{stats.lr:g}; lower optim.lr (or check privacy.max_grad_norm and the data), then train again with "
+            "--overwrite; any state saved before this step is kept")
 
 
 @dataclass
@@ -201,6 +218,7 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
             xb = to_float_tensor(spec.x[idx]).to(ctx.device)
             yb = torch.from_numpy(np.asarray(spec.y[idx], dtype=np.int64)).to(ctx.device)
             stats = stepper.step(xb, yb)
+            check_finite_loss(stats, step=ctx.global_step + 1, phase=spec.name)
             done = local + 1
             ctx.global_step += 1
             g = ctx.global_step

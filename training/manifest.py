@@ -185,8 +185,11 @@ def load_membership(run_dir: str | os.PathLike[str], manifest: Manifest) -> np.n
     digest = sha256_file(path)
     if digest != manifest.data.membership_sha256:
         raise CheckpointError(f"membership file {path} does not match the manifest's sha256: refusing to audit")
-    mask = np.load(path, allow_pickle=False)
-    if mask.dtype != np.bool_ or mask.ndim != 1 or mask.shape[0] != manifest.data.pool_size:
+    try:
+        mask = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:  # object arrays (pickles), truncated or foreign files
+        raise CheckpointError(f"membership file {path} is not a plain .npy bool array ({exc})") from None
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.ndim != 1 or mask.shape[0] != manifest.data.pool_size:
         raise CheckpointError(
             f"membership file {path} must be a bool vector of length {manifest.data.pool_size}, "
             f"got {mask.dtype} {mask.shape}")

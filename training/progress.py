@@ -7,13 +7,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainLogger"]
+__all__ = ["TrainLogger", "EPSILON_LABEL"]
+
+#: The bar's ε is the RDP bound of the steps so far (fast, at every log interval), not the claim's accountant: RDP
+#: is looser than PRV/PLD (9.17 beside a PRV claim of 8.00 is no overshoot), so the bar says which bound it shows.
+EPSILON_LABEL = "ε (RDP, upper bound)"
 
 
 class TrainLogger:
     """Writes scalars to TensorBoard and drives a rich progress bar; returns history rows every ``log`` call.
 
-    Scalars: loss, lr, batch size, epsilon spent (RDP, for the curve; the claim uses the configured accountant),
+    Scalars: loss, lr, batch size, epsilon spent (RDP upper bound, for the curve and the bar, labelled so; the claim
+    uses the configured accountant),
     fraction of clipped per-sample gradients, mean per-sample gradient norm, noise std.
     """
 
@@ -50,7 +55,7 @@ class TrainLogger:
             if k != "step":
                 self.scalar(f"train/{k}", v, step)
         if self._progress is not None:
-            info = f"loss {row['loss']:.3f}" + (f"  eps {epsilon:.2f}" if epsilon is not None else "")
+            info = f"loss {row['loss']:.3f}" + (f"  {EPSILON_LABEL} {epsilon:.2f}" if epsilon is not None else "")
             self._progress.update(self._task, completed=step, info=info)
         return row
 

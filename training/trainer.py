@@ -29,7 +29,8 @@ from training.accounting import DPPhase, cross_check, default_delta, epsilon_for
 from training.checkpoint import clear_state, load_state, read_metrics
 from training.config import ModelConfig, TrainConfig, dump_config
 from training.errors import CheckpointError, UserError
-from training.io import save_safetensors, sha256_bytes, sha256_file, write_json, write_npy, write_text
+from training.io import (check_output_dir, remove_run_dir, save_safetensors, sha256_bytes, sha256_file, write_json,
+                         write_npy, write_text)
 from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
                                read_manifest, write_manifest)
 from training.models import count_parameters
@@ -39,6 +40,7 @@ from training.dp.rng import secret_seed
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
+from training.run_lock import LOCK_FILE, run_lock
 
 __all__ = ["TrainResult", "train", "resolve_device", "SECURE_MODE_NOTE"]
 
@@ -91,10 +93,8 @@ def _prepare_run_dir(run_dir: Path, config_sha: str, *, resume: bool, overwrite:
     """Decide what to do with an existing run directory: 'fresh', 'resume' or 'complete'."""
     manifest = run_dir / "manifest.json"
     state = run_dir / "state"
-    if overwrite and run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
+    if overwrite and (run_dir.exists() or run_dir.is_symlink()):
+        remove_run_dir(run_dir, keep=(LOCK_FILE,))
     if manifest.exists():
         cfg_file = run_dir / "config.yaml"
         if cfg_file.exists() and sha256_file(cfg_file) == config_sha:
@@ -155,6 +155,19 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         UserError: bad config values, missing data, batch larger than the dataset, mismatched resume state.
     """
     run_dir = Path(run_dir) if run_dir is not None else cfg.run_dir()
+    check_output_dir(run_dir, what="run directory")
+    if overwrite and run_dir.is_symlink():
+        remove_run_dir(run_dir)  # refuses a symlinked run directory before anything is locked or written
+    with run_lock(run_dir, command=command):
+        return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, membership=membership,
+                      progress=progress, command=command, stop_after=stop_after, trust_code=trust_code,
+                      _debug_disable_noise=_debug_disable_noise)
+
+
+def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, membership: np.ndarray | None,
+           progress: bool | None, command: str | None, stop_after: int | None, trust_code: bool,
+           _debug_disable_noise: bool) -> TrainResult:
+    """:func:`train` with the run directory locked."""
     config_text = dump_config(cfg)
     config_sha = sha256_bytes(config_text.encode("utf-8"))
     mode = _prepare_run_dir(run_dir, config_sha, resume=resume, overwrite=overwrite)

@@ -10,11 +10,14 @@ from audit.transfer.runner import evaluate_transfer
 from audit.transfer.suite import load_suite
 from audit.transfer.summary import SUMMARY_COLUMNS, summary_rows
 
+#: The bundled default suite, found from the package (not the current directory).
+DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "eval_configs" / "transfer" / "default.yaml"
+
 
 @click.command(name="transfer")
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--suite", "suite_path", type=click.Path(path_type=Path, dir_okay=False),
-              default=Path("eval_configs/transfer/default.yaml"), show_default=True,
+              default=DEFAULT_SUITE, show_default="eval_configs/transfer/default.yaml of this installation",
               help="transfer suite YAML (datasets, protocols, budget)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a suite value, e.g. --set budget.max_train_examples=2000 (repeatable)")

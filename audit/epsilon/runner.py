@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from audit.config import EpsilonConfig
+from audit.epsilon.claim_check import check_claim
 from audit.epsilon.clopper_pearson import epsilon_from_scores_cp
 from audit.epsilon.estimate import EpsilonEstimate
 from audit.epsilon.gdp import epsilon_from_scores_gdp
@@ -42,14 +43,16 @@ from audit.epsilon.sources import (SCORES_FILE, Evidence, Skipped, gradient_cana
 from audit.epsilon.thresholds import HeldOut
 from audit.epsilon.epsilon_file import (EPSILON_FILE, EpsilonFile, EstimateEntry, SkippedEntry, read_epsilon_file,
                                         write_epsilon_file)
-from audit.epsilon.verdict import Verdict
+from audit.epsilon.verdict import Finding, Verdict, VerdictStatus
 from audit.epsilon.verdict import verdict as judge
-from training.io import sha256_bytes, sha256_file
+from training.io import read_json, sha256_bytes, sha256_file
 from training.result_json import CodeRecord
 from training.manifest import Manifest, load_membership, read_manifest, verify_weights
+from training.run_lock import run_lock
 from training.trust import CodeTrust, require_code_trust
 
 __all__ = ["SourcedEstimate", "EpsilonReport", "judge_estimates", "run_epsilon", "epsilon_is_complete",
+           "claim_sha256",
            "config_sha256", "k_grids", "claim_is_gaussian"]
 
 INDEPENDENCE = ("pool examples of one model treated as independent trials (heuristic, not a proven bound; "
@@ -227,6 +230,15 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
     config = config if config is not None else EpsilonConfig()
     run_dir = Path(run_dir)
     code = require_code_trust(run_dir, trust_code=trust_code)
+    if write and run_dir.is_dir():
+        with run_lock(run_dir):  # multi_run trains models and epsilon.json is written here: one writer at a time
+            return _run_epsilon(run_dir=run_dir, config=config, write=write, trust_code=trust_code, code=code)
+    return _run_epsilon(run_dir=run_dir, config=config, write=write, trust_code=trust_code, code=code)
+
+
+def _run_epsilon(*, run_dir: Path, config: EpsilonConfig, write: bool, trust_code: bool,
+                 code: CodeTrust) -> EpsilonReport:
+    """:func:`run_epsilon` after the trust check (and with the run directory locked when writing)."""
     manifest = read_manifest(run_dir)
     verify_weights(run_dir, manifest)
     membership = load_membership(run_dir, manifest)
@@ -278,13 +290,71 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
         run=manifest.run_name,
         inputs={"weights_sha256": manifest.model.weights_sha256,
                 "scores_sha256": sha256_file(scores_path) if scores_path.is_file() else None,
-                "config_sha256": config_sha256(config)},
+                "config_sha256": config_sha256(config), "claim_sha256": claim_sha256(run_dir)},
         claimed_epsilon=claim, delta=delta, alpha=config.alpha, estimates=estimates, skipped=tuple(skipped),
-        verdict=judge_estimates(claimed_epsilon=claim, delta=delta, estimates=estimates, notes=notes), code=code)
+        verdict=with_claim_findings(judge_estimates(claimed_epsilon=claim, delta=delta, estimates=estimates,
+                                                    notes=notes), _claim_findings(run_dir, manifest)), code=code)
     if write:
         path = write_epsilon_file(run_dir, report.to_file())
         report = dataclasses.replace(report, path=path)
     return report
+
+
+def with_claim_findings(v: Verdict, findings: Sequence[Finding]) -> Verdict:
+    """``v`` with the claim check's findings attached; any ``error`` makes it ``VIOLATION`` (the claim does not
+    follow from the run's own record, whatever the bounds found) and leads its notes."""
+    if not findings:
+        return v
+    errors = [f.message for f in findings if f.severity == "error"]
+    warnings = [f"claim check: {f.message}" for f in findings if f.severity == "warning"]
+    update: dict[str, Any] = {"notes": (*errors, *warnings, *v.notes)}
+    if errors:
+        update["status"] = VerdictStatus.VIOLATION
+    return v.with_findings(*findings).model_copy(update=update)
+
+
+#: the files the claim check reads: ``epsilon.json`` is stale when any of them changes
+CLAIM_FILES = ("manifest.json", "config.yaml", "metrics.json")
+
+
+def claim_sha256(run_dir: str | Path) -> str:
+    """sha256 over the files the claim check reads (an absent file counts as absent)."""
+    parts = []
+    for name in CLAIM_FILES:
+        path = Path(run_dir) / name
+        parts.append(f"{name}:{sha256_file(path) if path.is_file() else 'absent'}")
+    return sha256_bytes("\n".join(parts).encode("utf-8"))
+
+
+def _claim_findings(run_dir: Path, manifest: Manifest) -> tuple[Finding, ...]:
+    """Read ``config.yaml`` and ``metrics.json`` (when present) and check a DP claim against them."""
+    import yaml
+
+    if not manifest.privacy.dp:
+        return ()
+    config = metrics = config_sha = None
+    unreadable: list[Finding] = []
+    cfg_path, met_path = run_dir / "config.yaml", run_dir / "metrics.json"
+    if cfg_path.is_file():
+        config_sha = sha256_file(cfg_path)
+        try:
+            config = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+            unreadable.append(Finding(kind="claim_vs_config", severity="error",
+                                      message=f"config.yaml is unreadable ({type(exc).__name__})"))
+        if config is not None and not isinstance(config, dict):
+            unreadable.append(Finding(kind="claim_vs_config", severity="error",
+                                      message="config.yaml is not a mapping of sections"))
+            config = None
+    if met_path.is_file():
+        try:
+            metrics = read_json(met_path, what="metrics")
+        except ValueError as exc:
+            unreadable.append(Finding(kind="claim_vs_metrics", severity="warning", message=str(exc)))
+        if not isinstance(metrics, dict):
+            metrics = None
+    found = check_claim(manifest, config=config, config_sha256=config_sha, metrics=metrics)
+    return tuple(sorted((*unreadable, *found), key=lambda f: f.severity != "error"))
 
 
 def epsilon_is_complete(run_dir: str | Path, config: EpsilonConfig | None = None) -> bool:
@@ -309,4 +379,5 @@ def epsilon_is_complete(run_dir: str | Path, config: EpsilonConfig | None = None
     scores_sha = sha256_file(scores_path) if scores_path.is_file() else None
     return (inputs.get("weights_sha256") == manifest.model.weights_sha256
             and inputs.get("scores_sha256") == scores_sha
-            and inputs.get("config_sha256") == config_sha256(config))
+            and inputs.get("config_sha256") == config_sha256(config)
+            and inputs.get("claim_sha256") == claim_sha256(run_dir))

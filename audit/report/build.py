@@ -308,7 +308,10 @@ def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) 
     conf = 1.0 - alpha if alpha is not None else None
     conf_s = f" with {fmt.num(100 * conf)}% confidence" if conf is not None else ""
     lb = eps.best_epsilon_lb
-    if status == "VIOLATION":
+    claim_errors = run.epsilon.verdict.errors if (eps.ran and run.epsilon is not None) else ()
+    if status == "VIOLATION" and claim_errors:  # the claim check (audit.epsilon.claim_check), not a bound
+        summary = f"The privacy claim is not supported by the run's own record: {claim_errors[0].message}."
+    elif status == "VIOLATION":
         lead = f"{conf_s.strip()}, " if conf_s else ""
         summary = (f"The audit shows this model leaks more than its privacy claim allows: {lead}ε is at least "
                    f"{fmt.eps(lb)}, above the claimed ε = {fmt.eps(claimed)}.")

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from audit.transfer.probes import DEFAULT_C_GRID
-from training.config import Strict, apply_overrides, load_yaml
+from training.config import MAX_IMAGE_SIZE, Strict, apply_overrides, load_yaml
 from training.errors import ConfigError
 
 __all__ = [
@@ -141,7 +141,8 @@ class TransferSuite(Strict):
 
     name: str = Field("transfer", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     datasets: tuple[TransferDataset, ...] = Field(description="downstream datasets, at least one")
-    image_size: int | None = Field(None, gt=0, description="resize images to this size (None: the model's input)")
+    image_size: int | None = Field(None, gt=0, le=MAX_IMAGE_SIZE,
+                                   description="resize images to this size (None: the model's input)")
     protocols: Protocols = Field(default_factory=Protocols)
     budget: Budget = Field(default_factory=Budget)
     seed: int = 0

@@ -25,7 +25,39 @@ from training.data.catalog import Catalog, array_catalog
 from training.data.spec import DatasetSpec, MissingData
 from training.errors import DataError
 
-__all__ = ["read_npz", "read_classes", "find_split_file", "npz_dir_catalog", "open_npz", "NPZ"]
+__all__ = ["MIN_CLASS_BOUND", "implied_classes", "read_npz", "read_classes", "find_split_file", "npz_dir_catalog", "open_npz", "NPZ"]
+
+
+#: Without class names, labels may imply at most max(N, this) classes (N = number of labels).
+MIN_CLASS_BOUND = 1000
+
+
+def implied_classes(y: np.ndarray, *, name: str, source: str | Path) -> int:
+    """K = max label + 1 for unnamed classes, bounded by the data: at most ``max(len(y), MIN_CLASS_BOUND)``.
+
+    One stray label (say 10⁹) must not make K class names and a K-way classifier head.
+
+    Raises:
+        DataError: a negative label, or a label that implies more classes than the data can hold.
+
+    >>> implied_classes(np.array([0, 3, 1]), name="npz", source="a.npz")
+    4
+    >>> implied_classes(np.array([0, 10**9]), name="npz", source="a.npz")
+    Traceback (most recent call last):
+    ...
+    training.errors.DataError: npz: label 1000000000 in a.npz implies 1000000001 classes for 2 examples (at most 1000 without class names); labels must be 0..K-1: renumber them, or list the class names in classes.txt beside the file
+    """
+    if not len(y):
+        return 0
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0:
+        raise DataError(f"{name}: labels in {source} must be >= 0, got {lo}")
+    bound = max(len(y), MIN_CLASS_BOUND)
+    if hi + 1 > bound:
+        raise DataError(f"{name}: label {hi} in {source} implies {hi + 1} classes for {len(y)} examples (at most "
+                        f"{bound} without class names); labels must be 0..K-1: renumber them, or list the class "
+                        "names in classes.txt beside the file")
+    return hi + 1
 
 
 def read_npz(path: Path, *, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +134,7 @@ def npz_dir_catalog(*, name: str, path: Path, split: str, image_size: int | None
     elif default_classes is not None:
         classes = tuple(default_classes)
     else:
-        classes = tuple(str(i) for i in range(int(y.max()) + 1 if len(y) else 0))
+        classes = tuple(str(i) for i in range(implied_classes(y, name=name, source=path)))
     return array_catalog(name=name, split=split, x=x, y=y, classes=classes, image_size=image_size, source=str(path))
 
 
