@@ -160,13 +160,13 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         remove_run_dir(run_dir)  # refuses a symlinked run directory before anything is locked or written
     with run_lock(run_dir, command=command):
         return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, membership=membership,
-                      progress=progress, command=command, stop_after=stop_after, trust_code=trust_code,
+                      progress=progress, command=command, stop_after=stop_after, trust_code=trust_code, warn=warn,
                       _debug_disable_noise=_debug_disable_noise)
 
 
 def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, membership: np.ndarray | None,
            progress: bool | None, command: str | None, stop_after: int | None, trust_code: bool,
-           _debug_disable_noise: bool) -> TrainResult:
+           warn: Callable[[str], None] | None, _debug_disable_noise: bool) -> TrainResult:
     """:func:`train` with the run directory locked."""
     config_text = dump_config(cfg)
     config_sha = sha256_bytes(config_text.encode("utf-8"))
