@@ -32,7 +32,7 @@ from training.dp.batched.engine import check_model
 from training.dp.recipe import TrainRecipe
 from training.errors import ConfigError, UserError
 from training.io import sha256_bytes
-from training.manifest import Manifest, PhaseInfo
+from training.run.manifest import Manifest, PhaseInfo
 from training.models import build_model
 
 __all__ = ["NOT_RECIPE", "recipe_hash", "ShadowRecipe", "shadow_recipe", "shadow_config", "model_factory",
@@ -205,7 +205,7 @@ def batched_unsupported(recipe: ShadowRecipe, *, num_classes: int, input_shape: 
 
 def _demo_manifest() -> Manifest:
     """A minimal manifest for the doctests (sigma 1.5, q 0.1, 100 steps, pool of 1000)."""
-    from training.manifest import DataInfo, MembershipInfo, ModelInfo, PrivacyInfo, Provenance
+    from training.run.manifest import DataInfo, MembershipInfo, ModelInfo, PrivacyInfo, Provenance
 
     return Manifest(
         run_name="demo",

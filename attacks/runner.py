@@ -2,13 +2,14 @@
 
 :func:`run_attack` does, in order:
 
-1. :func:`attacks.target.load_target`: weights, membership and pool fingerprint checked against the manifest.
+1. :func:`training.run.open_run`: weights, membership, config and pool fingerprint checked against the manifest
+   (once; a :class:`~training.run.VerifiedRun` passed in is used as it is).
 2. :func:`attacks.shadows.prepare_shadows` (only when an attack or the leave-one-out evaluation needs
    reference models): K models with the target's recipe, re-used when they match.
 3. Signals: the scaled logit phi (:mod:`attacks.signals`) of the target and every reference model on every
    pool example and on ``population`` samples z (known non-members: the test split, or the non-members held
-   out at import), for each augmented query; cached in ``signals.npz`` under a key over the target's weights,
-   the reference index, the augmentations and the population.
+   out at import), for each augmented query; cached in ``signals.npz`` under a key over the target's verified
+   identity, the reference index, the augmentations and the population (:mod:`training.run.freshness`).
 4. Each configured attack (:data:`attacks.registry.ATTACK_SPECS`), evaluated against the real target's
    membership (``evaluation: target``), by leave-one-out over the reference models (``leave_one_out``: each
    reference in turn is the target and the others its references, Carlini et al. 2022 Sec. V; the per-attack
@@ -36,10 +37,10 @@ from attacks.results import evaluate_scores, loo_summary
 from attacks.shadows import ShadowSet, prepare_shadows
 from attacks.signal_cache import Signals, load_or_compute_signals
 from attacks.shadow_train import resolve_device
-from attacks.target import TargetRun, load_target
 from training.errors import CheckpointError, UserError
 from training.evaluate import accuracy
 from training.io import read_json, write_npz
+from training.run import VerifiedRun, as_run, inputs_record, is_current
 from training.run_lock import run_lock
 
 __all__ = ["AttackResult", "run_attack", "attack_is_complete"]
@@ -78,7 +79,7 @@ def _logger(progress: bool) -> Callable[[str], None]:
     return lambda msg: console.print(f"[dim]attack:[/dim] {msg}")
 
 
-def _check_attacks(settings: AttackConfig, target: TargetRun) -> None:
+def _check_attacks(settings: AttackConfig, target: VerifiedRun) -> None:
     need = [a for a in settings.attacks if needs_reference(a)]
     if settings.needs_references and not target.has_recipe:
         what = f"attack(s) {', '.join(need)}" if need else "leave-one-out evaluation"
@@ -96,16 +97,14 @@ def _check_attacks(settings: AttackConfig, target: TargetRun) -> None:
                             f"or use --set attack.evaluation=leave_one_out)")
 
 
-def _utility(target: TargetRun, device: Any) -> dict[str, float | None]:
+def _utility(target: VerifiedRun, device: Any) -> dict[str, float | None]:
     """Test and train accuracy: from ``metrics.json`` when training wrote it, else measured here (test: the
     population source, or the pool's non-members)."""
-    path = target.run_dir / "metrics.json"
+    path = target.metrics_path
     if path.is_file():
         metrics = read_json(path, what="metrics")
         return {"test_accuracy": metrics.get("test_accuracy"), "train_accuracy": metrics.get("train_accuracy")}
-    from training.checkpoint import load_model_from_run
-
-    model = load_model_from_run(target.run_dir, device=device, trust_code=target.code.trust_code)[0]
+    model = target.model(device=device)
     test = target.population if target.population is not None else target.pool.subset(~target.membership)
     return {"test_accuracy": accuracy(model, test, device=device),
             "train_accuracy": accuracy(model, target.pool.subset(target.membership), device=device)}
@@ -122,17 +121,18 @@ def _inputs(phi: Signals, model: int, others: np.ndarray | None, labels: np.ndar
         pop_reference=phi.population[others] if has_pop and has_ref else None)
 
 
-def run_attack(*, run_dir: str | os.PathLike[str], config: AttackConfig, retrain_shadows: bool = False,
+def run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, config: AttackConfig, retrain_shadows: bool = False,
                progress: bool = True, trust_code: bool = False) -> AttackResult:
     """Attack the run in ``run_dir`` as ``config`` says and write ``attack.json`` and ``scores.npz`` there.
 
     Args:
-        run_dir: a run directory (``audit train`` or ``audit import``).
+        run_dir: a run directory (``audit train`` or ``audit import``), or the run already opened with
+            :func:`training.run.open_run`.
         config: the attack settings.
         retrain_shadows: delete and retrain the reference models.
         progress: print progress messages on stderr.
         trust_code: allow the run (and its reference models) to name code to import (``--trust-code``);
-            recorded in ``attack.json`` under ``code``.
+            recorded in ``attack.json`` under ``code``. A run already opened keeps the trust it was opened with.
 
     Returns:
         The :class:`AttackResult`.
@@ -144,18 +144,19 @@ def run_attack(*, run_dir: str | os.PathLike[str], config: AttackConfig, retrain
         TypeError: ``config`` is not an :class:`~attacks.config.AttackConfig`.
     """
     settings = _settings(config)
-    if not Path(run_dir).is_dir():
-        raise CheckpointError(f"run directory not found: {run_dir}")
-    with run_lock(run_dir):  # one writer: a concurrent attack (or its --retrain-shadows) fails fast instead
+    path = run_dir.run_dir if isinstance(run_dir, VerifiedRun) else Path(run_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"run directory not found: {path}")
+    with run_lock(path):  # one writer: a concurrent attack (or its --retrain-shadows) fails fast instead
         return _run_attack(run_dir=run_dir, settings=settings, retrain_shadows=retrain_shadows, progress=progress,
                            trust_code=trust_code)
 
 
-def _run_attack(*, run_dir: str | os.PathLike[str], settings: AttackConfig, retrain_shadows: bool,
+def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: AttackConfig, retrain_shadows: bool,
                 progress: bool, trust_code: bool) -> AttackResult:
     """:func:`run_attack` with the run directory locked."""
     say = _logger(progress)
-    target = load_target(run_dir, trust_code=trust_code)
+    target = as_run(run_dir, trust_code=trust_code)
     _check_attacks(settings, target)
     shadows: ShadowSet | None = None
     if settings.needs_references:
@@ -196,8 +197,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str], settings: AttackConfig, retr
     report = AttackFile.from_data({
         "format": ATTACK_FORMAT,
         "run": target.manifest.run_name,
-        "inputs": {"weights_sha256": target.weights_sha256, "membership_sha256": target.membership_sha256,
-                   "pool_fingerprint": target.pool_fingerprint, "config_sha256": settings.sha256()},
+        "inputs": inputs_record(target, config_sha256=settings.sha256()),
         "setup": {"n_reference": k, "augmentations": list(settings.augmentations.names), "pool_size": len(labels),
                   "n_members": int(target.membership.sum()), "n_population": int(phi.population.shape[1]),
                   "evaluation": settings.evaluation,
@@ -208,7 +208,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str], settings: AttackConfig, retr
         "utility": utility,
         "code": target.code.to_dict(),
     })
-    out = Path(run_dir)
+    out = target.run_dir
     write_npz(out / "scores.npz", pool_index=np.arange(len(labels)), membership=truth, labels=labels,
               **{f"score_{n}": s for n, s in scores.items()})
     write_attack_file(out, report)
@@ -216,20 +216,15 @@ def _run_attack(*, run_dir: str | os.PathLike[str], settings: AttackConfig, retr
                         shadows_trained=0 if shadows is None else shadows.trained)
 
 
-def attack_is_complete(run_dir: str | os.PathLike[str], config: AttackConfig) -> bool:
-    """True when ``attack.json`` and ``scores.npz`` exist and were made from this run's current weights,
-    membership and pool (as its manifest records them) with these attack settings."""
-    from training.manifest import read_manifest, verify_weights
-
-    run_dir = Path(run_dir)
-    if not (run_dir / ATTACK_FILE).is_file() or not (run_dir / "scores.npz").is_file():
+def attack_is_complete(run_dir: str | os.PathLike[str] | VerifiedRun, config: AttackConfig) -> bool:
+    """True when ``attack.json`` and ``scores.npz`` exist and were made from this run's verified weights and
+    membership (and the pool its manifest records) with these attack settings (:func:`training.run.is_current`)."""
+    path = run_dir.run_dir if isinstance(run_dir, VerifiedRun) else Path(run_dir)
+    if not (path / ATTACK_FILE).is_file() or not (path / "scores.npz").is_file():
         return False
     try:
-        report = read_attack_file(run_dir)
-        manifest = read_manifest(run_dir)
-        verify_weights(run_dir, manifest)
-    except CheckpointError:
+        report = read_attack_file(path)
+        run = as_run(run_dir, verify=False)
+        return is_current(report.inputs, run, config_sha256=_settings(config).sha256())
+    except UserError:
         return False
-    want = {"weights_sha256": manifest.model.weights_sha256, "membership_sha256": manifest.data.membership_sha256,
-            "pool_fingerprint": manifest.data.pool_fingerprint, "config_sha256": _settings(config).sha256()}
-    return report.inputs == want

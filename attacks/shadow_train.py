@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,15 +28,16 @@ import numpy as np
 import torch
 
 from attacks.recipe import ShadowRecipe, batched_unsupported, model_factory, shadow_config
-from training import __version__
 from training.config import TrainConfig, dump_config
 from training.data import ImageSet, to_float_tensor
 from training.errors import ConfigError, UserError
 from training.evaluate import accuracy
-from training.io import save_safetensors, sha256_bytes, sha256_file, write_json, write_npy, write_text
-from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
-                               write_manifest)
+from training.io import sha256_bytes, write_json, write_text
 from training.models import build_model, count_parameters
+from training.run.files import CONFIG_FILE, METRICS_FILE
+from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest,
+                                   write_manifest)
+from training.run.write import write_membership, write_weights
 
 __all__ = ["Executor", "resolve_executor", "resolve_device", "train_shadow_models", "write_batched_run"]
 
@@ -76,17 +75,6 @@ def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int, 
     return "process" if workers > 1 else "sequential"
 
 
-def _versions() -> dict[str, str | None]:
-    def ver(mod: str) -> str | None:
-        try:
-            return __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - an optional package that fails to import has no version
-            return None
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "opacus": ver("opacus"),
-            "timm": ver("timm")}
-
-
 def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, state: dict[str, torch.Tensor],
                       mask: np.ndarray, pool: ImageSet, test: ImageSet | None, target_name: str,
                       wall_seconds: float, device: torch.device) -> Manifest:
@@ -102,9 +90,9 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
     module = built.module
     module.load_state_dict(state, strict=True)
     config_text = dump_config(cfg)
-    write_text(run_dir / "config.yaml", config_text)
-    weights = save_safetensors(run_dir / "model.safetensors", module.state_dict())
-    mem_path = write_npy(run_dir / "membership.npy", np.asarray(mask, dtype=bool))
+    write_text(run_dir / CONFIG_FILE, config_text)
+    weights_sha = write_weights(run_dir, module.state_dict())
+    membership_sha = write_membership(run_dir, mask)
     n_k = int(mask.sum())
     members = pool.subset(np.flatnonzero(mask))
     module.to(device)
@@ -112,7 +100,7 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
                "train_accuracy": accuracy(module, members, device=device), "steps": recipe.steps,
                "epsilon_spent": None, "final_loss": None, "wall_seconds": wall_seconds, "history": [],
                "trainer": "batched (training.dp.batched.train_many)"}
-    write_json(run_dir / "metrics.json", metrics)
+    write_json(run_dir / METRICS_FILE, metrics)
     pc, optim = cfg.privacy, cfg.optim
     phase = PhaseInfo(
         name="private" if recipe.dp else "non-private", dp=recipe.dp, dataset=cfg.data.dataset,
@@ -124,27 +112,17 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
         f"reference model for auditing {target_name!r}: trained with the target's recipe on a keep mask; it makes "
         f"no privacy claim of its own"])
     total, trainable = count_parameters(module)
-    m = cfg.model
-    manifest = Manifest(
-        run_name=cfg.name,
-        model=ModelInfo(arch=m.arch, kwargs=dict(m.kwargs), num_classes=num_classes, input_shape=input_shape,
-                        normalize_mean=m.normalize_mean, normalize_std=m.normalize_std, cifar_stem=m.cifar_stem,
-                        fix_batchnorm=m.fix_batchnorm, param_count=total, trainable_param_count=trainable,
-                        weights_sha256=sha256_file(weights), frozen=list(built.frozen), notes=list(built.notes)),
-        data=DataInfo(dataset=cfg.data.dataset, root=cfg.data.root, split=cfg.data.split,
-                      test_split=cfg.data.test_split, image_size=cfg.data.image_size, pool_size=len(mask),
-                      pool_seed=cfg.data.pool_seed, pool_subset=cfg.data.pool_size is not None,
-                      pool_fingerprint=pool.fingerprint(), membership_sha256=sha256_file(mem_path),
-                      membership=MembershipInfo(scheme="explicit", n_members=n_k, n_pool=len(mask))),
-        privacy=privacy,
+    manifest = build_manifest(
+        run_name=cfg.name, model=cfg.model, num_classes=num_classes, input_shape=input_shape, param_count=total,
+        trainable_param_count=trainable, weights_sha256=weights_sha, frozen=built.frozen,
+        notes=built.notes, data=cfg.data, pool_fingerprint=pool.fingerprint(),
+        membership=MembershipInfo(scheme="explicit", n_members=n_k, n_pool=len(mask)),
+        membership_sha256=membership_sha, privacy=privacy,
         training={"recipe": cfg.training.recipe, "optimizer": optim.model_dump(mode="json"), "steps": recipe.steps,
                   "batch_size": recipe.batch_size, "test_accuracy": metrics["test_accuracy"],
                   "train_accuracy": metrics["train_accuracy"], "trainer": "batched"},
-        provenance=Provenance(package_version=__version__, **_versions(), seed=cfg.training.seed,
-                              config_sha256=sha256_bytes(config_text.encode("utf-8")),
-                              created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              command=f"audit attack (reference model of {target_name}, batched)", device=str(device)),
-    )
+        seed=cfg.training.seed, config_sha256=sha256_bytes(config_text.encode("utf-8")),
+        command=f"audit attack (reference model of {target_name}, batched)", device=str(device))
     write_manifest(run_dir, manifest)
     return manifest
 

@@ -32,10 +32,9 @@ import numpy as np
 
 from attacks.recipe import shadow_recipe
 from attacks.shadow_train import resolve_device, resolve_executor, train_shadow_models
-from attacks.target import TargetRun
 from training.errors import CheckpointError, ConfigError, UserError
 from training.io import read_json, sha256_file, write_json, write_npy
-from training.manifest import load_membership, read_manifest, verify_weights
+from training.run import VerifiedRun, is_complete, open_run
 
 __all__ = ["SHADOW_DIR", "INDEX_FILE", "KEEP_FILE", "INDEX_FORMAT", "balanced_keep_masks", "shadow_seeds",
            "ShadowSet", "prepare_shadows", "check_n_reference"]
@@ -96,7 +95,7 @@ class ShadowSet:
 
     Attributes:
         root: ``<run>/shadows``.
-        run_dirs: one run directory per model, in keep-mask order.
+        runs: one verified run per model (weights and membership checked), in keep-mask order.
         keep: ``(K, n)`` keep masks.
         index: the parsed ``index.json``.
         index_sha256: sha256 of ``index.json`` (part of the signal cache key).
@@ -104,15 +103,19 @@ class ShadowSet:
     """
 
     root: Path
-    run_dirs: list[Path]
+    runs: list[VerifiedRun]
     keep: np.ndarray
     index: dict[str, Any]
     index_sha256: str
     trained: int
 
     @property
+    def run_dirs(self) -> list[Path]:
+        return [r.run_dir for r in self.runs]
+
+    @property
     def n_models(self) -> int:
-        return len(self.run_dirs)
+        return len(self.runs)
 
     @property
     def executor(self) -> str:
@@ -164,14 +167,16 @@ def _read_keep(root: Path, index: dict[str, Any], shape: tuple[int, int]) -> np.
     return keep
 
 
-def _verify_model(root: Path, k: int, keep_k: np.ndarray, index: dict[str, Any], pool_fingerprint: str) -> None:
-    run = root / str(k)
+def _verify_model(root: Path, k: int, keep_k: np.ndarray, index: dict[str, Any], pool_fingerprint: str, *,
+                  trust_code: bool) -> VerifiedRun:
+    """Model k opened, its weights and membership verified (its pool is the target's, checked by fingerprint)."""
     try:
-        manifest = read_manifest(run)
-        verify_weights(run, manifest)
-        membership = load_membership(run, manifest)
+        run = open_run(root / str(k), trust_code=trust_code, verify=False)
+        run.state_dict
+        membership = run.membership
     except CheckpointError as exc:
         raise _refuse(root, f"model {k} is corrupt ({exc})") from None
+    manifest = run.manifest
     recorded = index["models"][k].get("weights_sha256") if isinstance(index["models"][k], dict) else None
     if recorded is not None and recorded != manifest.model.weights_sha256:
         raise _refuse(root, f"model {k}'s weights sha256 differs from {INDEX_FILE}")
@@ -179,6 +184,7 @@ def _verify_model(root: Path, k: int, keep_k: np.ndarray, index: dict[str, Any],
         raise _refuse(root, f"model {k}'s membership differs from its keep mask")
     if manifest.data.pool_fingerprint != pool_fingerprint:
         raise _refuse(root, f"model {k} was trained on another pool")
+    return run
 
 
 def _new_index(expected: dict[str, Any], seeds: list[int], keep_sha: str, recipe: dict[str, Any],
@@ -189,7 +195,7 @@ def _new_index(expected: dict[str, Any], seeds: list[int], keep_sha: str, recipe
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def prepare_shadows(*, target: TargetRun, n_models: int, seed: int = 0, executor: str = "auto", workers: int = 1,
+def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, executor: str = "auto", workers: int = 1,
                     device: str = "auto", max_models_per_batch: int | None = None, retrain: bool = False,
                     log: Any = None) -> ShadowSet:
     """Re-use or train the K reference models of ``target`` under ``<run>/shadows``.
@@ -237,9 +243,9 @@ def prepare_shadows(*, target: TargetRun, n_models: int, seed: int = 0, executor
         index = _new_index(expected, shadow_seeds(n_models, seed), sha256_file(keep_path), recipe.to_dict(),
                            target.manifest.run_name)
         write_json(root / INDEX_FILE, index)
-    todo = [k for k in range(n_models) if not (root / str(k) / "manifest.json").is_file()]
-    for k in sorted(set(range(n_models)) - set(todo)):
-        _verify_model(root, k, keep[k], index, target.pool_fingerprint)
+    todo = [k for k in range(n_models) if not is_complete(root / str(k))]
+    runs = {k: _verify_model(root, k, keep[k], index, target.pool_fingerprint, trust_code=target.trust_code)
+            for k in sorted(set(range(n_models)) - set(todo))}
     if todo and index["complete"]:
         raise _refuse(root, f"model {todo[0]} is missing")
     if todo:
@@ -255,12 +261,11 @@ def prepare_shadows(*, target: TargetRun, n_models: int, seed: int = 0, executor
                             max_models_per_batch=max_models_per_batch, trust_code=target.code.trust_code,
                             on_done=lambda i: say(f"reference models trained: {i}/{len(todo)}"))
         for k in todo:
-            _verify_model(root, k, keep[k], index, target.pool_fingerprint)
-        models = [{"dir": str(k), "weights_sha256": read_manifest(root / str(k)).model.weights_sha256}
-                  for k in range(n_models)]
+            runs[k] = _verify_model(root, k, keep[k], index, target.pool_fingerprint, trust_code=target.trust_code)
+        models = [{"dir": str(k), "weights_sha256": runs[k].manifest.model.weights_sha256} for k in range(n_models)]
         used = chosen if index.get("executor") in (None, chosen) else f"{index['executor']}+{chosen}"
         index = {**index, "models": models, "executor": used, "complete": True,
                  "train_seconds": float(index.get("train_seconds", 0.0)) + time.perf_counter() - t0}
         write_json(root / INDEX_FILE, index)
-    return ShadowSet(root=root, run_dirs=[root / str(k) for k in range(n_models)], keep=keep, index=index,
+    return ShadowSet(root=root, runs=[runs[k] for k in range(n_models)], keep=keep, index=index,
                      index_sha256=sha256_file(root / INDEX_FILE), trained=len(todo))

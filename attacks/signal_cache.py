@@ -3,8 +3,9 @@
 ``<run>/signals.npz`` holds (float32 scaled logits phi, see :mod:`attacks.signals`; model 0 is the target,
 models 1..K the reference models in keep-mask order)::
 
-    key               sha256 over the target's weights, the reference index, the augmentations, the pool
-                      fingerprint and the population (its fingerprint and the chosen indices)
+    key               :func:`training.run.inputs_digest` of the target (verified weights, membership, pool)
+                      with the reference index, the augmentations and the population (its fingerprint and
+                      the chosen indices)
     pool              (1 + K, n, A)  phi on every pool example and augmented query
     population        (1 + K, m, A)  phi on the m population samples z (m may be 0)
     population_index  (m,)           positions of z in the population source (test split / import hold-out)
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -34,9 +34,9 @@ import torch
 
 from attacks.shadows import ShadowSet
 from attacks.signals import AugmentationSpec, compute_signals
-from attacks.target import TargetRun
 from training.data import ImageSet
-from training.io import sha256_bytes, write_npz
+from training.io import write_npz
+from training.run import VerifiedRun, inputs_digest
 
 __all__ = ["SIGNALS_FILE", "Signals", "choose_population", "signals_key", "content_sha256",
            "load_or_compute_signals"]
@@ -69,13 +69,12 @@ def choose_population(population: ImageSet | None, m: int, seed: int) -> np.ndar
     return np.sort(rng.choice(len(population), size=size, replace=False)).astype(np.int64)
 
 
-def signals_key(*, target: TargetRun, shadows: ShadowSet | None, spec: AugmentationSpec,
+def signals_key(*, target: VerifiedRun, shadows: ShadowSet | None, spec: AugmentationSpec,
                 population_fingerprint: str | None, population_index: np.ndarray) -> str:
     """The cache key: changes whenever any input of the signals changes."""
-    data = {"weights": target.weights_sha256, "pool": target.pool_fingerprint,
-            "shadows": None if shadows is None else shadows.index_sha256, "augmentations": dataclasses.asdict(spec),
-            "population": population_fingerprint, "population_index": population_index.tolist()}
-    return sha256_bytes(json.dumps(data, sort_keys=True).encode("utf-8"))
+    return inputs_digest(target, shadows=None if shadows is None else shadows.index_sha256,
+                         augmentations=dataclasses.asdict(spec), population=population_fingerprint,
+                         population_index=population_index.tolist())
 
 
 _FIELDS = ("key", "pool", "population", "population_index", "keep", "augmentations")
@@ -122,7 +121,7 @@ def _read_cache(path: Path, key: str, say: Callable[[str], None]) -> Signals | N
 _RECHECK_TOL = 1e-3
 
 
-def load_or_compute_signals(*, target: TargetRun, shadows: ShadowSet | None, spec: AugmentationSpec,
+def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, spec: AugmentationSpec,
                             n_population: int, seed: int, device: torch.device, batch_size: int = 512,
                             log: Callable[[str], None] | None = None) -> Signals:
     """Signals of the target (model 0) and the reference models on the pool and population, cached.
@@ -140,8 +139,6 @@ def load_or_compute_signals(*, target: TargetRun, shadows: ShadowSet | None, spe
     Returns:
         :class:`Signals`, read from ``<run>/signals.npz`` when its key matches, else computed and written.
     """
-    from training.checkpoint import load_model_from_run
-
     say = log or (lambda _msg: None)
     pop_index = choose_population(target.population, n_population, seed)
     population = target.population.subset(pop_index) if pop_index.size else None
@@ -149,11 +146,11 @@ def load_or_compute_signals(*, target: TargetRun, shadows: ShadowSet | None, spe
                       population_fingerprint=None if population is None else population.fingerprint(),
                       population_index=pop_index)
     path = target.run_dir / SIGNALS_FILE
-    run_dirs = [target.run_dir] + ([] if shadows is None else list(shadows.run_dirs))
+    runs = [target] + ([] if shadows is None else list(shadows.runs))
     n, m, a = len(target.pool), pop_index.size, spec.n_augmentations
 
-    def signals_of(run: Path) -> tuple[np.ndarray, np.ndarray]:
-        model, _ = load_model_from_run(run, device=device, trust_code=target.code.trust_code)
+    def signals_of(run: VerifiedRun, *, keep_weights: bool) -> tuple[np.ndarray, np.ndarray]:
+        model = run.model(device=device, keep_weights=keep_weights)
         on_pool = compute_signals(model, target.pool.x, target.pool.y, spec=spec, batch_size=batch_size,
                                   device=device)
         on_pop = compute_signals(model, population.x, population.y, spec=spec, batch_size=batch_size,
@@ -163,18 +160,19 @@ def load_or_compute_signals(*, target: TargetRun, shadows: ShadowSet | None, spe
     cached = _read_cache(path, key, say)
     target_phi = None
     if cached is not None:
-        target_phi = signals_of(target.run_dir)
+        target_phi = signals_of(target, keep_weights=True)
         same = all(c.shape == t.shape and np.allclose(c, t, rtol=_RECHECK_TOL, atol=_RECHECK_TOL)
                    for c, t in zip((cached.pool[0], cached.population[0]), target_phi))
         if same:
             say(f"signals re-used from {path} (content hash and the target's own signals verified)")
             return cached
         say(f"{path} holds target signals that differ from the target's weights: recomputing")
-    phi_pool = np.empty((len(run_dirs), n, a), dtype=np.float32)
-    phi_pop = np.empty((len(run_dirs), m, a), dtype=np.float32)
-    for i, run in enumerate(run_dirs):
-        phi_pool[i], phi_pop[i] = target_phi if (i == 0 and target_phi is not None) else signals_of(run)
-        say(f"signals: model {i + 1}/{len(run_dirs)}")
+    phi_pool = np.empty((len(runs), n, a), dtype=np.float32)
+    phi_pop = np.empty((len(runs), m, a), dtype=np.float32)
+    for i, run in enumerate(runs):
+        phi_pool[i], phi_pop[i] = (target_phi if (i == 0 and target_phi is not None)
+                                   else signals_of(run, keep_weights=i == 0))
+        say(f"signals: model {i + 1}/{len(runs)}")
     keep = np.zeros((0, n), dtype=bool) if shadows is None else shadows.keep
     arrays = {"key": np.array(key), "pool": phi_pool, "population": phi_pop, "population_index": pop_index,
               "keep": keep, "augmentations": np.array(spec.names)}

@@ -21,9 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import platform
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +29,16 @@ import numpy as np
 import torch
 
 from attacks.shadow_train import resolve_device
-from attacks.target import IMPORT_FILE, IMPORT_FORMAT, combine_import_sets, load_source
-from training import __version__
 from training.config import ModelConfig
 from training.data import concat_sets
 from training.errors import CheckpointError, ConfigError, DataError
 from training.evaluate import accuracy
-from training.io import check_output_dir, remove_run_dir, save_safetensors, sha256_file, write_json, write_npy
-from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PrivacyInfo, Provenance,
-                               write_manifest)
+from training.io import check_output_dir, remove_run_dir, sha256_file, write_json
 from training.models import build_model, count_parameters, load_weights_file
+from training.run import IMPORT_FILE, METRICS_FILE, is_complete
+from training.run.imported import IMPORT_FORMAT, combine_import_sets, load_source
+from training.run.manifest import Manifest, MembershipInfo, PrivacyInfo, build_manifest, write_manifest
+from training.run.write import write_membership, write_weights
 from training.models.weights import load_state_strict, strip_prefix
 
 __all__ = ["parse_source", "ImportResult", "import_checkpoint"]
@@ -135,7 +133,7 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
     check_output_dir(out, what="run directory")
     if overwrite and out.is_symlink():
         remove_run_dir(out)  # refuses, before any work
-    if (out / "manifest.json").exists() and not overwrite:
+    if is_complete(out) and not overwrite:
         raise CheckpointError(f"{out} already holds a run; choose another --out or pass --overwrite")
     privacy = _claim(claimed_epsilon, delta, accountant)
     member_set = load_source(members, what="members")
@@ -166,8 +164,8 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
     if (out.exists() or out.is_symlink()) and overwrite:
         remove_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    weights_path = save_safetensors(out / "model.safetensors", module.to("cpu").state_dict())
-    mem_path = write_npy(out / "membership.npy", membership)
+    weights_sha = write_weights(out, module.to("cpu").state_dict())
+    membership_sha = write_membership(out, membership)
     same_dataset = members["dataset"] == nonmembers["dataset"] and members.get("root") == nonmembers.get("root")
     record = {"format": IMPORT_FORMAT,
               "members": {**members, "n": len(member_set), "fingerprint": member_set.fingerprint()},
@@ -175,27 +173,17 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
               "population": {"n": int(held.size), "seed": int(seed), "indices": held.tolist()},
               "weights": {"source": str(weights), "sha256": sha256_file(weights)}}
     write_json(out / IMPORT_FILE, record)
-    write_json(out / "metrics.json", metrics)
+    write_json(out / METRICS_FILE, metrics)
     total, trainable = count_parameters(module)
-    manifest = Manifest(
-        run_name=out.name,
-        model=ModelInfo(arch=arch, kwargs=dict(mcfg.kwargs), num_classes=n_classes, input_shape=pool.input_shape,
-                        normalize_mean=mcfg.normalize_mean, normalize_std=mcfg.normalize_std, cifar_stem=cifar_stem,
-                        fix_batchnorm=fix_batchnorm, param_count=total, trainable_param_count=trainable,
-                        weights_sha256=sha256_file(weights_path),
-                        notes=notes + [f"imported from {weights} (sha256 {record['weights']['sha256'][:12]}...)"]),
-        data=DataInfo(dataset=members["dataset"], root=members.get("root"), split=members["split"],
-                      image_size=members.get("image_size"), pool_size=len(pool), pool_fingerprint=pool.fingerprint(),
-                      membership_sha256=sha256_file(mem_path),
-                      membership=MembershipInfo(scheme="explicit", n_members=int(membership.sum()), n_pool=len(pool)),
-                      nonmember_split=nonmembers["split"] if same_dataset else
-                      f"{nonmembers['dataset']}:{nonmembers['split']}"),
-        privacy=privacy,
-        training={"recipe": "external", "test_accuracy": metrics["test_accuracy"],
-                  "train_accuracy": metrics["train_accuracy"]},
-        provenance=Provenance(package_version=__version__, python=platform.python_version(), torch=torch.__version__,
-                              config_file=None, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              command=command, device=str(dev)),
-    )
+    manifest = build_manifest(
+        run_name=out.name, model=mcfg, num_classes=n_classes, input_shape=pool.input_shape, param_count=total,
+        trainable_param_count=trainable, weights_sha256=weights_sha,
+        notes=notes + [f"imported from {weights} (sha256 {record['weights']['sha256'][:12]}...)"],
+        data=members, pool_fingerprint=pool.fingerprint(), membership_sha256=membership_sha,
+        membership=MembershipInfo(scheme="explicit", n_members=int(membership.sum()), n_pool=len(pool)),
+        nonmember_split=nonmembers["split"] if same_dataset else f"{nonmembers['dataset']}:{nonmembers['split']}",
+        privacy=privacy, training={"recipe": "external", "test_accuracy": metrics["test_accuracy"],
+                                   "train_accuracy": metrics["train_accuracy"]},
+        command=command, device=str(dev))
     write_manifest(out, manifest)
     return ImportResult(run_dir=out, manifest=manifest, metrics=metrics, n_population=int(held.size))

@@ -1,9 +1,11 @@
 """`audit run CONFIG`: train -> attack -> epsilon -> transfer -> report for every variant, resumable.
 
 Every step reads and writes files in the run directory and is skipped when its outputs are complete and match
-their inputs: training by its manifest and config hash (an interrupted training resumes from its saved state),
-attacks and epsilon by the input hashes recorded in ``attack.json``/``epsilon.json``, transfer and the report by
-the hashes kept in ``pipeline.json``. So an interrupted pipeline, run again, redoes only what is missing.
+their inputs: training by its manifest and config hash (an interrupted training resumes from its saved state);
+after training the run is opened once (:func:`training.run.open_run`) and that verified run is passed to every
+later step, whose outputs are current by one rule (:mod:`training.run.freshness`): attacks and epsilon by the
+inputs recorded in ``attack.json``/``epsilon.json``, transfer and the report by the digests kept in
+``pipeline.json``. So an interrupted pipeline, run again, redoes only what is missing.
 
 CONFIG is the user's own experiment file and its run directories are written from it by the train step, so
 every step runs with ``trust_code=True`` (an import-path ``model.arch`` in CONFIG is built, as by
@@ -13,7 +15,6 @@ refuse such code unless given ``--trust-code``.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import Any
 from audit.config import RunConfig, select_variant, variant_names
 from training.errors import ConfigError
 from training.io import read_json, sha256_file, write_json
+from training.run import METRICS_FILE, VerifiedRun, inputs_digest, open_run
+from training.trust import CodeTrust
 
 __all__ = ["STEPS", "StepRecord", "VariantResult", "preflight", "run_pipeline"]
 
@@ -46,12 +49,9 @@ class VariantResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _files_key(*paths: Path, extra: str = "") -> str:
-    h = hashlib.sha256(extra.encode())
-    for p in paths:
-        h.update(p.name.encode())
-        h.update((sha256_file(p) if p.is_file() else "absent").encode())
-    return h.hexdigest()
+def _file_shas(run_dir: Path, *names: str) -> dict[str, str | None]:
+    """sha256 of each named file (None when absent): the step-specific part of a ledger key."""
+    return {n: sha256_file(run_dir / n) if (run_dir / n).is_file() else None for n in names}
 
 
 def _ledger(run_dir: Path) -> dict[str, Any]:
@@ -95,6 +95,7 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
     run_dir = cfg.run_dir()
     res = VariantResult(cfg.variant, run_dir)
     label = cfg.name
+    run: VerifiedRun | None = None
 
     if "train" in steps:
         t0 = time.perf_counter()
@@ -104,26 +105,28 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
         detail = f"resumed at step {tr.resumed_from}" if tr.resumed_from else ""
         res.steps.append(StepRecord("train", status, time.perf_counter() - t0, detail))
         log(f"[{label}] train: {status} {detail}".rstrip())
-
+        # the manifest the trainer just wrote or read, and the pool it trained on: nothing is parsed twice
+        run = VerifiedRun(tr.run_dir, tr.manifest, code=CodeTrust(trust_code=True), built_pool=tr.pool)
+    if run is None:
+        run = open_run(run_dir, trust_code=True, verify=False)  # once; each part is verified on first use
     if "attack" in steps and cfg.attack.attacks:
         from attacks.runner import attack_is_complete, run_attack
 
-        if attack_is_complete(run_dir, cfg.attack) and not retrain_shadows:
+        if attack_is_complete(run, cfg.attack) and not retrain_shadows:
             res.steps.append(StepRecord("attack", "skipped (complete)"))
         else:
-            _timed(res.steps, "attack", lambda: str(run_attack(run_dir=run_dir, config=cfg.attack,
+            _timed(res.steps, "attack", lambda: str(run_attack(run_dir=run, config=cfg.attack,
                                                                retrain_shadows=retrain_shadows,
-                                                               progress=progress, trust_code=True) and ""))
+                                                               progress=progress) and ""))
         log(f"[{label}] attack: {res.steps[-1].status}")
 
     if "epsilon" in steps and cfg.epsilon.sources:
         from audit.epsilon.runner import epsilon_is_complete, run_epsilon
 
-        if epsilon_is_complete(run_dir, cfg.epsilon):
+        if epsilon_is_complete(run, cfg.epsilon):
             res.steps.append(StepRecord("epsilon", "skipped (complete)"))
         else:
-            _timed(res.steps, "epsilon", lambda: str(run_epsilon(run_dir=run_dir, config=cfg.epsilon,
-                                                                       trust_code=True) and ""))
+            _timed(res.steps, "epsilon", lambda: str(run_epsilon(run_dir=run, config=cfg.epsilon) and ""))
         log(f"[{label}] epsilon: {res.steps[-1].status}")
 
     if "transfer" in steps:
@@ -134,39 +137,43 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
             from audit.transfer.suite import load_suite
 
             suite_path = Path(cfg.transfer.suite)
-            key = _files_key(run_dir / "model.safetensors", suite_path, run_dir / "transfer.json")
-            if _ledger(run_dir).get("transfer", {}).get("key") == key:
+
+            def transfer_key() -> str:
+                return inputs_digest(run, suite_sha256=sha256_file(suite_path), **_file_shas(run_dir, "transfer.json"))
+
+            if _ledger(run_dir).get("transfer", {}).get("key") == transfer_key():
                 res.steps.append(StepRecord("transfer", "skipped (complete)"))
             else:
                 suite = load_suite(suite_path)
-                _timed(res.steps, "transfer", lambda: str(evaluate_transfer(run_dir=run_dir, suite=suite,
-                                                                                     trust_code=True) and ""))
-                _mark(run_dir, "transfer", _files_key(run_dir / "model.safetensors", suite_path,
-                                                      run_dir / "transfer.json"))
+                _timed(res.steps, "transfer", lambda: str(evaluate_transfer(run_dir=run, suite=suite) and ""))
+                _mark(run_dir, "transfer", transfer_key())
         log(f"[{label}] transfer: {res.steps[-1].status}")
 
     if "report" in steps:
         from audit.report import write_report
 
-        inputs = [run_dir / n for n in ("manifest.json", "metrics.json", "attack.json", "epsilon.json",
-                                        "transfer.json", "report.html", "report.md", "report.json")]
-        if _ledger(run_dir).get("report", {}).get("key") == _files_key(*inputs, extra=str(cfg.report.pdf)):
+        def report_key() -> str:
+            return inputs_digest(run, pdf=cfg.report.pdf, manifest=run.manifest.model_dump(mode="json"),
+                                 **_file_shas(run_dir, METRICS_FILE, "attack.json", "epsilon.json", "transfer.json",
+                                              "report.html", "report.md", "report.json"))
+
+        if _ledger(run_dir).get("report", {}).get("key") == report_key():
             res.steps.append(StepRecord("report", "skipped (complete)"))
         else:
-            _timed(res.steps, "report", lambda: str(write_report(run_dir=run_dir, pdf=cfg.report.pdf).html))
-            _mark(run_dir, "report", _files_key(*inputs, extra=str(cfg.report.pdf)))
+            _timed(res.steps, "report", lambda: str(write_report(run_dir=run, pdf=cfg.report.pdf).html))
+            _mark(run_dir, "report", report_key())
         log(f"[{label}] report: {res.steps[-1].status}")
 
-    res.summary = summarize(run_dir)
+    res.summary = summarize(run)
     return res
 
 
-def summarize(run_dir: Path) -> dict[str, Any]:
+def summarize(run: Path | VerifiedRun) -> dict[str, Any]:
     """The headline numbers of one run directory (whatever steps have run)."""
     from audit.report.inputs import load_run
 
-    files = load_run(run_dir)
-    out: dict[str, Any] = {"run": run_dir.name, "claimed_epsilon": files.manifest.privacy.claimed_epsilon}
+    files = load_run(run)
+    out: dict[str, Any] = {"run": files.run_dir.name, "claimed_epsilon": files.manifest.privacy.claimed_epsilon}
     out["test_accuracy"] = files.test_accuracy
     if files.attack is not None and files.attack.attacks:
         name, entry = max(files.attack.attacks.items(), key=lambda kv: kv[1].metrics.auc)

@@ -40,8 +40,8 @@ from audit.epsilon.gdp import mu_from_eps
 from audit.epsilon.runner import run_epsilon
 from audit.epsilon.sources import gradient_canary_evidence, input_canary_evidence
 from training.config import TrainConfig
-from training.manifest import load_membership
 from training.pool import draw_membership
+from training.run import open_run
 from _common import add_output_args, emit, command_line
 
 PUBLISHED = "Steinke, Nasr, Jagielski (NeurIPS 2023), white-box, m = 1000 canaries: ε_lb ≈ 1.8 at ε = 4 (0.45)"
@@ -79,13 +79,13 @@ def run_one(epsilon: float, args: argparse.Namespace) -> dict:
     config = EpsilonConfig(sources=("input_canaries", "gradient_canaries"), alpha=args.alpha,
                            k_grid_points=args.k_points, guesses=args.guesses, split_alpha=False)
     t0 = time.perf_counter()
-    report = run_epsilon(run_dir=result.run_dir, config=config)
+    run = open_run(result.run_dir)
+    report = run_epsilon(run_dir=run, config=config)
     t_audit = time.perf_counter() - t0
-    ev = gradient_canary_evidence(run_dir=result.run_dir, manifest=result.manifest)
+    ev = gradient_canary_evidence(run=run)
     s, inc = ev.scores, ev.included
     mu_hat = float((s[inc].mean() - s[~inc].mean()) / s[~inc].std())
-    bb = input_canary_evidence(run_dir=result.run_dir, manifest=result.manifest,
-                               membership=load_membership(result.run_dir, result.manifest), attack=config.attack)
+    bb = input_canary_evidence(run=run, attack=config.attack)
     auc_bb = float(stats.mannwhitneyu(bb.scores[bb.included], bb.scores[~bb.included]).statistic
                    / (bb.included.sum() * (~bb.included).sum()))
     print(f"ε={epsilon:g}: trained in {t_train:.0f}s, audited in {t_audit:.0f}s, verdict {report.verdict.status}",

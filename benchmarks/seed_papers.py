@@ -86,9 +86,11 @@ def run(names: list[str], workers: int) -> None:
 def _read(run_dir: Path) -> tuple[dict, dict] | None:
     import json
 
-    if not (run_dir / "manifest.json").is_file():
+    from training.run import MANIFEST_FILE, METRICS_FILE
+
+    if not (run_dir / MANIFEST_FILE).is_file():
         return None
-    return (json.loads((run_dir / "manifest.json").read_text()), json.loads((run_dir / "metrics.json").read_text()))
+    return (json.loads((run_dir / MANIFEST_FILE).read_text()), json.loads((run_dir / METRICS_FILE).read_text()))
 
 
 def _ms(values: list[float], fmt: str = ".1f", scale: float = 1.0) -> str:
@@ -327,9 +329,10 @@ def table_finetune() -> str | None:
     if not g:
         return None
     from training.io import load_safetensors
+    from training.run import WEIGHTS_FILE
 
     src_dir = ROOT / "results/experiments/ft-source"
-    src = load_safetensors(src_dir / "model.safetensors") if (src_dir / "model.safetensors").is_file() else None
+    src = load_safetensors(src_dir / WEIGHTS_FILE) if (src_dir / WEIGHTS_FILE).is_file() else None
     src_read = _read(src_dir)
     strategies = [("lp", "DP-LP (head only)"), ("fft", "DP-FFT (all parameters)"),
                   ("lpfft25", "DP-LP-FFT, LP gets 25 % of ε"), ("lpfft50", "DP-LP-FFT, LP gets 50 % of ε"),
@@ -352,7 +355,7 @@ def table_finetune() -> str | None:
             if src is not None:
                 for s, m, x in runs:
                     run_dir = ROOT / "results/experiments" / f"ft-{key}-e{eps}-s{s}"
-                    w = load_safetensors(run_dir / "model.safetensors")
+                    w = load_safetensors(run_dir / WEIGHTS_FILE)
                     head = set(x["finetune"]["head_parameters"])
                     num = sum(float(((w[k] - src[k]) ** 2).sum()) for k in src if k not in head)
                     den = sum(float((src[k] ** 2).sum()) for k in src if k not in head)

@@ -1,7 +1,7 @@
 """Construct fake but schema-valid run directories for report and gate tests.
 
 Every file is built with its writer's own model and written with its writer's function: ``manifest.json``
-through :class:`training.manifest.Manifest`, ``attack.json`` through :class:`attacks.attack_file.AttackFile`,
+through :class:`training.run.manifest.Manifest`, ``attack.json`` through :class:`attacks.attack_file.AttackFile`,
 ``epsilon.json`` through :class:`audit.epsilon.runner.EpsilonReport` (its verdict by the runner's own
 :func:`~audit.epsilon.runner.judge_estimates`), ``transfer.json`` through
 :class:`audit.transfer.transfer_file.TransferFile`. So a reader that drifts from its writer fails here too.
@@ -28,7 +28,7 @@ from audit.epsilon.runner import EpsilonReport, SourcedEstimate, judge_estimates
 from audit.transfer.transfer_file import (Accuracy, DecayEntry, Diagnostics, KnnEntry, LayerEntry, LinearProbeEntry,
                                           SplitInfo, TransferFile, TransferRow, write_transfer_file)
 from training.io import fingerprint_arrays, read_json, sha256_file, write_json, write_npy, write_text
-from training.manifest import (
+from training.run.manifest import (
     DataInfo,
     Manifest,
     MembershipInfo,

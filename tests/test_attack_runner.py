@@ -16,7 +16,7 @@ from attacks.config import AttackConfig, fit_to_run
 from attacks.registry import ATTACK_SPECS, attack_names
 from attacks.results import banded_roc, roc_grid
 from attacks.runner import attack_is_complete, run_attack
-from attacks.target import load_target
+from training.run import open_run
 from audit.cli import main
 from audit.config import resolve_attack_config
 from training.config import TrainConfig
@@ -98,7 +98,7 @@ def test_attack_json_has_the_documented_schema(attacked) -> None:
 
 def test_scores_npz_rebuilds_every_metric(attacked) -> None:
     report = read_json(attacked.run_dir / "attack.json")
-    target = load_target(attacked.run_dir)
+    target = open_run(attacked.run_dir)
     with np.load(attacked.run_dir / "scores.npz", allow_pickle=False) as z:
         assert (z["pool_index"] == np.arange(96)).all() and (z["membership"] == target.membership).all()
         assert (z["labels"] == target.pool.y).all()

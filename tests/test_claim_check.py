@@ -14,7 +14,7 @@ from audit.epsilon.claim_check import (check_claim, check_config, check_mechanis
                                        recompute_epsilon)
 from training.accounting import DPPhase, cross_check, epsilon_for
 from training.config import TrainConfig, dump_config
-from training.manifest import DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance
+from training.run.manifest import DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance
 
 N = 1000  # members
 

@@ -25,8 +25,9 @@ from training.accounting import noise_multiplier_for
 from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import (fingerprint_arrays, save_safetensors, sha256_bytes, sha256_file, write_npy, write_npz,
                          write_text)
-from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
-                               read_manifest, write_manifest)
+from training.run import open_run
+from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
+                                   read_manifest, write_manifest)
 
 TOP_KEYS = ["format", "run", "inputs", "claimed_epsilon", "delta", "alpha", "estimates", "skipped", "verdict", "code"]
 ESTIMATE_KEYS = ["method", "source", "epsilon_lb", "alpha", "delta", "counts", "ceiling", "assumptions", "extra"]
@@ -111,7 +112,8 @@ def test_strong_pool_attack_gives_violation_with_exact_schema(tmp_path):
     assert list(data) == TOP_KEYS
     assert data["format"] == EPSILON_FORMAT and data["run"] == "r"
     assert list(data["verdict"]) == VERDICT_KEYS
-    assert set(data["inputs"]) == {"weights_sha256", "scores_sha256", "config_sha256", "claim_sha256"}
+    assert set(data["inputs"]) == {"weights_sha256", "membership_sha256", "pool_fingerprint", "scores_sha256",
+                                   "config_sha256", "claim_sha256"}
     assert data["inputs"]["scores_sha256"] == sha256_file(run / "scores.npz")
     assert [list(e) for e in data["estimates"]] == [ESTIMATE_KEYS] * len(data["estimates"])
     assert [(e["method"], e["source"]) for e in data["estimates"]] == [
@@ -196,8 +198,7 @@ def test_infinite_scores_keep_their_order():
 def test_pool_is_skipped_unless_members_were_drawn_with_half_probability(tmp_path):
     run = make_run(tmp_path / "p3", p=0.3)
     write_scores(run, signal=3.0)
-    man = read_manifest(run)
-    ev = pool_evidence(run_dir=run, manifest=man, membership=np.load(run / "membership.npy"), attack="lira_online")
+    ev = pool_evidence(run=open_run(run, verify=False), attack="lira_online")
     assert isinstance(ev, Skipped) and "p = 0.5" in ev.reason
     report = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool", "input_canaries")))
     assert [s.source for s in report.skipped] == ["pool", "input_canaries"]
@@ -233,13 +234,13 @@ def test_non_dp_run_gets_no_claim_and_a_default_delta(tmp_path):
 def test_input_canaries_come_from_scores_npz_and_leave_the_pool(tmp_path):
     run = make_run(tmp_path / "r", pool=500, canaries=100, scheme="all")
     write_scores(run, signal=5.0)
-    man = read_manifest(run)
-    mem = np.load(run / "membership.npy")
-    ev = input_canary_evidence(run_dir=run, manifest=man, membership=mem, attack="lira_online")
+    opened = open_run(run, verify=False)
+    mem = opened.membership
+    ev = input_canary_evidence(run=opened, attack="lira_online")
     assert isinstance(ev, Evidence) and ev.m == 100 and ev.black_box
     assert np.array_equal(ev.included, mem[400:]) and ev.provenance["first_index"] == 400
     # scheme 'all': the real pool is all members, so the pool source does not apply
-    assert isinstance(pool_evidence(run_dir=run, manifest=man, membership=mem, attack="lira_online"), Skipped)
+    assert isinstance(pool_evidence(run=opened, attack="lira_online"), Skipped)
     report = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool", "input_canaries")))
     assert [e.source for e in report.estimates] == ["input_canaries", "input_canaries"]
     assert report.verdict.status == "VIOLATION"
@@ -260,22 +261,19 @@ def test_input_canaries_without_scores_use_the_target_models_scaled_logit(tmp_pa
                      trainable_param_count=1, weights_sha256="")
     run = make_run(tmp_path / "ic", pool=64, canaries=24, scheme="all", weights=net.state_dict(), config=cfg,
                    model=info, fingerprint=pool.images.fingerprint())
-    ev = input_canary_evidence(run_dir=run, manifest=read_manifest(run), membership=np.load(run / "membership.npy"),
-                               attack="lira_online")
+    ev = input_canary_evidence(run=open_run(run, verify=False), attack="lira_online")
     expected = compute_signals(net, pool.images.x[40:].copy(), pool.images.y[40:].copy())[:, 0]
     assert ev.m == 24 and np.allclose(ev.scores, expected, atol=1e-6) and ev.provenance["attack"] == "loss"
     other = make_run(tmp_path / "other", pool=64, canaries=24, scheme="all", weights=net.state_dict(), config=cfg,
                      model=info)
-    with pytest.raises(DataError, match="fingerprint"):
-        input_canary_evidence(run_dir=other, manifest=read_manifest(other),
-                              membership=np.load(other / "membership.npy"), attack="lira_online")
+    with pytest.raises(CheckpointError, match="fingerprint"):
+        input_canary_evidence(run=open_run(other, verify=False), attack="lira_online")
 
 
 def test_pool_source_excludes_input_canaries(tmp_path):
     run = make_run(tmp_path / "r", pool=500, canaries=100)
     write_scores(run, signal=1.0)
-    ev = pool_evidence(run_dir=run, manifest=read_manifest(run), membership=np.load(run / "membership.npy"),
-                       attack="lira_online")
+    ev = pool_evidence(run=open_run(run, verify=False), attack="lira_online")
     assert ev.m == 400
 
 
@@ -322,7 +320,7 @@ def _white_box_run(tmp_path: Path, *, signal: float, count: int = 300, noise: fl
 
 def test_gradient_canaries_separate_members_with_the_engine_sign(tmp_path):
     run = _white_box_run(tmp_path, signal=10.0)
-    ev = gradient_canary_evidence(run_dir=run, manifest=read_manifest(run))
+    ev = gradient_canary_evidence(run=open_run(run, verify=False))
     assert isinstance(ev, Evidence) and not ev.black_box and ev.m == 300
     assert ev.provenance["dim"] == 192 * 64 + 64  # the frozen head is not spanned
     assert ev.scores[ev.included].min() > ev.scores[~ev.included].max()  # higher = member
@@ -342,7 +340,7 @@ def test_gradient_canaries_refuse_files_that_do_not_match_the_record(tmp_path):
     mask = np.load(run / "gradient_canaries.npy")
     write_npy(run / "gradient_canaries.npy", ~mask)
     with pytest.raises(CheckpointError, match="gradient_canaries.npy does not match the sha256"):
-        gradient_canary_evidence(run_dir=run, manifest=read_manifest(run))
+        gradient_canary_evidence(run=open_run(run, verify=False))
     write_npy(run / "gradient_canaries.npy", mask)
     (run / "model_init.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model_init.safetensors named in the manifest"):
@@ -351,7 +349,7 @@ def test_gradient_canaries_refuse_files_that_do_not_match_the_record(tmp_path):
 
 def test_gradient_canaries_are_skipped_for_runs_without_a_record(tmp_path):
     run = make_run(tmp_path / "imported")
-    ev = gradient_canary_evidence(run_dir=run, manifest=read_manifest(run))
+    ev = gradient_canary_evidence(run=open_run(run, verify=False))
     assert isinstance(ev, Skipped) and "records no gradient canaries" in ev.reason
 
 
@@ -394,7 +392,7 @@ def test_cli_prints_table_and_verdict_and_rejects_bad_options(tmp_path):
     bad = CliRunner().invoke(main, ["epsilon", str(run), "--sources", "pool,bogus"])
     assert bad.exit_code == 2 and "error:" in bad.output and "sources" in bad.output
     missing = CliRunner().invoke(main, ["epsilon", str(tmp_path / "nope")])
-    assert missing.exit_code == 2 and "no manifest" in missing.output
+    assert missing.exit_code == 2 and "run directory not found" in missing.output
 
 
 def test_config_error_type_is_user_error():

@@ -11,15 +11,14 @@ import torch
 from click.testing import CliRunner
 
 from attacks.runner import run_attack
-from attacks.target import IMPORT_FILE, load_target
+from training.run import CONFIG_FILE, IMPORT_FILE, open_run
 from audit.cli import main
 from attacks.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
-from training.checkpoint import load_model_from_run
 from training.config import ModelConfig
 from training.data import load_dataset, to_float_tensor
 from training.errors import CheckpointError, ConfigError, UserError
-from training.manifest import load_membership, read_manifest
+from training.run.manifest import read_manifest
 
 N_MEMBERS, N_NON, N_POP = 60, 60, 20
 MEMBERS = parse_source("digits:train", limit=N_MEMBERS)
@@ -62,15 +61,15 @@ def test_import_writes_a_verifiable_run(imported: Path, weights: Path) -> None:
     assert manifest.data.pool_size == N_MEMBERS + N_NON - N_POP and manifest.data.membership.n_members == N_MEMBERS
     assert manifest.privacy.dp is False and manifest.privacy.claimed_epsilon == float("inf")
     assert manifest.model.arch == "small_cnn" and manifest.model.normalize_mean == MEAN
-    mask = load_membership(imported, manifest)
+    target = open_run(imported)                         # pool rebuilt from the sources, fingerprint checked
+    mask = target.membership
     assert mask[:N_MEMBERS].all() and not mask[N_MEMBERS:].any()
     record = json.loads((imported / IMPORT_FILE).read_text())
     assert record["members"]["dataset"] == "digits" and record["nonmembers"]["split"] == "test"
     assert len(record["population"]["indices"]) == N_POP
-    assert not (imported / "config.yaml").exists()
-    target = load_target(imported)                       # pool rebuilt from the sources, fingerprint checked
+    assert not (imported / CONFIG_FILE).exists() and not target.has_recipe
     assert len(target.pool) == manifest.data.pool_size and len(target.population) == N_POP
-    model, _ = load_model_from_run(imported)             # the saved weights are the external ones
+    model = target.model()                               # the saved weights are the external ones
     original = torch.load(weights, weights_only=True)["state_dict"]
     for name, value in model.net.state_dict().items():
         assert torch.equal(value, original[f"module.{name}"])
@@ -97,7 +96,7 @@ def test_hand_written_manifest_without_import_record(weights: Path, tmp_path: Pa
     import_checkpoint(weights=weights, arch="small_cnn", normalize_mean=MEAN, normalize_std=STD, out=out,
                       members=parse_source("digits:train"), nonmembers=parse_source("digits:test"), device="cpu")
     (out / IMPORT_FILE).unlink()            # what remains is what a person would write by hand
-    target = load_target(out)               # pool = data.split + data.nonmember_split of data.dataset
+    target = open_run(out)                  # pool = data.split + data.nonmember_split of data.dataset
     assert target.population is None and int(target.membership.sum()) == 1347 and len(target.pool) == 1797
 
 

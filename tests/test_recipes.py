@@ -359,7 +359,7 @@ def test_lp_fft_epsilon_split_composes_phases_with_different_sigma(tmp_path, sou
 @pytest.mark.parametrize("head_init", ["random", "zero"])
 def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, head_init):
     """The recipe's run directory holds what the in-memory loop gives for the same start, plan and seed."""
-    from training.checkpoint import load_model_from_run
+    from training.run import open_run
     from training.io import load_safetensors
     from training.pool import build_pool
     from training.recipes.budget import PhaseBudget
@@ -372,7 +372,7 @@ def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, h
     run = tmp_path / "ft"
     res = train(cfg, run_dir=run)
 
-    model, _ = load_model_from_run(source_run)
+    model = open_run(source_run, verify=False).model()
     pool = build_pool(cfg)
     head = new_head(model.train(), len(pool.images.classes), init=head_init,
                     seed=head_seed(cfg.training.seed))

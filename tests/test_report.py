@@ -8,8 +8,6 @@ import json
 import math
 import re
 import subprocess
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -212,27 +210,23 @@ def test_thumbnails_are_inline_pngs(run: Path) -> None:
     assert np.array_equal(first[::8, ::8], x[vulnerable[0]])  # nearest-neighbour upscale of the pool image
 
 
-def test_thumbnails_from_load_pool_or_indices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = make_run(tmp_path / "img")
-    x, y = pool_arrays(200)
-    fake = types.ModuleType("training.data")
-    fake.load_pool = lambda cfg: types.SimpleNamespace(x=x, y=y, classes=tuple("abcdefghij"))
-    monkeypatch.setitem(sys.modules, "training.data", fake)
+def test_thumbnails_need_a_pool_that_verifies_else_indices(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "img")  # its config.yaml is not the one the manifest records
     html = write_report(run_dir=run).html.read_text()
-    assert html.count('src="data:image/png;base64,') == 8
-    fake.load_pool = lambda cfg: types.SimpleNamespace(x=x[::-1].copy(), y=y, classes=tuple("abcdefghij"))
-    html = write_report(run_dir=run).html.read_text()
-    assert "data:image/png" not in html and "does not match the manifest" in html
+    assert "data:image/png" not in html and "could not be re-loaded" in html and "config sha256" in html
     assert "Pool indices:" in html
 
 
 def test_thumbnails_with_the_real_digits_loader(tmp_path: Path) -> None:
     from training.config import DataConfig
     from training.data import load_pool
+    from training.io import sha256_file
 
     cfg = {"dataset": "digits", "pool_size": 60, "test_split": None}
     pool = load_pool(DataConfig.model_validate(cfg))  # scikit-learn's bundled digits: always available
     run = make_run(tmp_path / "digits", pool=(np.asarray(pool.x), np.asarray(pool.y)), config_data=cfg)
+    update_json(run, "manifest.json",
+                lambda m: m["provenance"].update(config_sha256=sha256_file(run / "config.yaml")))
     html = write_report(run_dir=run).html.read_text()
     assert html.count('src="data:image/png;base64,') == 8
 

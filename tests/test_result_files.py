@@ -21,7 +21,7 @@ from audit.transfer.transfer_file import read_transfer_file, write_transfer_file
 from fixtures_runs import make_run, transfer_result, update_json
 from training.errors import CheckpointError
 from training.io import read_json
-from training.manifest import read_manifest
+from training.run.manifest import read_manifest
 
 
 def _attack_file(rng: np.random.Generator) -> AttackFile:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from training.checkpoint import STATE_FILE
+from training.run import STATE_FILE
 from training.config import TrainConfig, dump_config, validate_config
 from training.errors import ConfigError
 from training.io import load_safetensors

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -14,12 +13,11 @@ import torch
 from attacks.recipe import batched_unsupported, recipe_hash, shadow_config, shadow_recipe
 from attacks.shadow_train import resolve_executor, train_shadow_models
 from attacks.shadows import INDEX_FILE, balanced_keep_masks, prepare_shadows, shadow_seeds
-from attacks.target import load_target
 from training.config import TrainConfig
 from training.data import load_dataset
 from training.errors import CheckpointError, ConfigError, UserError
-from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
-                               load_membership, read_manifest)
+from training.run import open_run
+from training.run.manifest import DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance
 
 K = 4
 SPLIT = "train:n=96,classes=4,noise=250"
@@ -45,7 +43,7 @@ def target_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def trained(target_run: Path, tmp_path_factory) -> Path:
     """A target with K batched reference models already trained (copy it before changing anything)."""
-    prepare_shadows(target=load_target(target_run), n_models=K, seed=0, executor="batched", device="cpu")
+    prepare_shadows(target=open_run(target_run), n_models=K, seed=0, executor="batched", device="cpu")
     return target_run
 
 
@@ -149,11 +147,12 @@ def test_batched_dp_shadows_record_the_targets_sigma(tmp_path: Path) -> None:
     train_shadow_models(recipe=recipe, pool=pool, test=None, keep=keep, seeds=[1, 2], todo=[0, 1], root=tmp_path,
                         target_name="m", executor="batched")
     for k in range(2):
-        man = read_manifest(tmp_path / str(k))
+        opened = open_run(tmp_path / str(k), verify=False)
+        man = opened.manifest
         phase = man.privacy.phases[0]
         assert man.privacy.dp and phase.dp and phase.noise_multiplier == 0.8 and phase.max_grad_norm == 0.7
         assert phase.steps == 3 and phase.sample_rate == pytest.approx(12 / keep[k].sum())
-        assert (load_membership(tmp_path / str(k), man) == keep[k]).all()
+        assert (opened.membership == keep[k]).all()
         assert man.data.pool_fingerprint == pool.fingerprint()
 
 
@@ -161,15 +160,15 @@ def test_batched_dp_shadows_record_the_targets_sigma(tmp_path: Path) -> None:
 
 
 def test_shadows_are_trained_then_reused(trained: Path) -> None:
-    target = load_target(trained)
+    target = open_run(trained)
     first = json.loads((trained / "shadows" / INDEX_FILE).read_text())
     assert first["complete"] and first["n_reference"] == K and first["executor"] == "batched"
     assert first["recipe_hash"] == recipe_hash(target.config)
     again = prepare_shadows(target=target, n_models=K, seed=0, executor="batched", device="cpu")
     assert again.trained == 0 and again.index == first
-    for k, run in enumerate(again.run_dirs):
-        man = read_manifest(run)
-        assert (load_membership(run, man) == again.keep[k]).all()
+    for k, run in enumerate(again.runs):
+        man = run.manifest
+        assert (run.membership == again.keep[k]).all()
         assert man.data.pool_fingerprint == target.pool_fingerprint
         assert man.model.weights_sha256 == first["models"][k]["weights_sha256"]
     assert (again.keep.sum(axis=0) == K // 2).all()
@@ -216,12 +215,12 @@ def _drop_model(run: Path) -> None:
 def test_mismatched_or_corrupt_shadows_are_refused(run_copy: Path, damage, message: str) -> None:
     damage(run_copy)
     with pytest.raises(CheckpointError, match=message) as err:
-        prepare_shadows(target=load_target(run_copy), n_models=K, seed=0, device="cpu")
+        prepare_shadows(target=open_run(run_copy), n_models=K, seed=0, device="cpu")
     assert "--retrain-shadows" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_wrong_k_or_seed_is_refused(run_copy: Path) -> None:
-    target = load_target(run_copy)
+    target = open_run(run_copy)
     with pytest.raises(CheckpointError, match="there are 4 of them but attack.n_reference is 6"):
         prepare_shadows(target=target, n_models=6, seed=0, device="cpu")
     with pytest.raises(CheckpointError, match="attack.seed=0, not 1"):
@@ -230,10 +229,10 @@ def test_wrong_k_or_seed_is_refused(run_copy: Path) -> None:
 
 def test_retrain_recovers_from_a_corrupt_directory(run_copy: Path) -> None:
     _corrupt_index(run_copy)
-    fresh = prepare_shadows(target=load_target(run_copy), n_models=K, seed=0, executor="batched", device="cpu",
+    fresh = prepare_shadows(target=open_run(run_copy), n_models=K, seed=0, executor="batched", device="cpu",
                             retrain=True)
     assert fresh.trained == K and fresh.index["complete"]
-    assert prepare_shadows(target=load_target(run_copy), n_models=K, seed=0, device="cpu").trained == 0
+    assert prepare_shadows(target=open_run(run_copy), n_models=K, seed=0, device="cpu").trained == 0
 
 
 def test_interrupted_training_continues_with_missing_models(run_copy: Path) -> None:
@@ -242,26 +241,28 @@ def test_interrupted_training_continues_with_missing_models(run_copy: Path) -> N
     index["complete"] = False
     index_path.write_text(json.dumps(index))
     shutil.rmtree(run_copy / "shadows" / "2")
-    done = prepare_shadows(target=load_target(run_copy), n_models=K, seed=0, executor="batched", device="cpu")
+    done = prepare_shadows(target=open_run(run_copy), n_models=K, seed=0, executor="batched", device="cpu")
     assert done.trained == 1 and done.index["complete"]
 
 
-def test_odd_k_and_missing_recipe_are_user_errors(target_run: Path) -> None:
-    target = load_target(target_run)
+def test_odd_k_and_missing_recipe_are_user_errors(target_run: Path, tmp_path: Path) -> None:
+    target = open_run(target_run)
     with pytest.raises(ConfigError, match="even number"):
         prepare_shadows(target=target, n_models=3, device="cpu")
+    bare = tmp_path / "bare"
+    shutil.copytree(target_run, bare, ignore=shutil.ignore_patterns("shadows", "signals.npz", "config.yaml"))
     with pytest.raises(UserError, match="reference models need the target's training recipe"):
-        prepare_shadows(target=dataclasses.replace(target, config=None), n_models=2, device="cpu")
+        prepare_shadows(target=open_run(bare, verify=False), n_models=2, device="cpu")
 
 
 def test_sequential_executor_uses_the_trainer(target_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "seq"
     shutil.copytree(target_run, run, ignore=shutil.ignore_patterns("shadows", "signals.npz"))
-    shadows = prepare_shadows(target=load_target(run), n_models=2, seed=3, executor="sequential", device="cpu")
+    shadows = prepare_shadows(target=open_run(run), n_models=2, seed=3, executor="sequential", device="cpu")
     assert shadows.trained == 2 and shadows.executor == "sequential"
-    for k, d in enumerate(shadows.run_dirs):
-        man = read_manifest(d)
-        assert man.data.membership.scheme == "explicit" and (load_membership(d, man) == shadows.keep[k]).all()
+    for k, (d, opened) in enumerate(zip(shadows.run_dirs, shadows.runs)):
+        man = opened.manifest
+        assert man.data.membership.scheme == "explicit" and (opened.membership == shadows.keep[k]).all()
         assert (d / "config.yaml").is_file() and man.training["steps"] == 12
 
 

@@ -12,11 +12,10 @@ import yaml
 from click.testing import CliRunner
 
 from audit.cli import main
-from training.checkpoint import load_model_from_run
 from training.config import TrainConfig
 from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import load_safetensors, sha256_file
-from training.manifest import load_membership, read_manifest, verify_weights
+from training.run import open_run
 from training.pool import draw_membership
 from training.evaluate import accuracy
 from training.trainer import train
@@ -53,9 +52,8 @@ def test_run_directory_is_complete_and_verifiable(tmp_path):
     assert any((run / "tb").iterdir()), "TensorBoard events missing"
     assert not (run / "state").exists(), "resume state must be removed once the run completes"
     assert not list(run.glob("**/*.tmp")), "temporary files left behind"
-    m = read_manifest(run)
-    verify_weights(run, m)
-    mask = load_membership(run, m)
+    opened = open_run(run)                  # weights, membership, config and pool verified
+    m, mask = opened.manifest, opened.membership
     assert m.data.membership.scheme == "bernoulli" and m.data.membership.n_members == int(mask.sum())
     assert m.data.pool_size == 240 and len(m.data.pool_fingerprint) == 64
     assert m.privacy.dp and m.privacy.phases[0].noise_multiplier == 1.0
@@ -66,11 +64,8 @@ def test_run_directory_is_complete_and_verifiable(tmp_path):
     assert m.privacy.epsilon == pytest.approx(m.privacy.epsilon_cross_check["epsilon"], rel=0.05)
     assert m.provenance.config_sha256 == sha256_file(run / "config.yaml")
     # the saved model reproduces the recorded test accuracy
-    model, _ = load_model_from_run(run)
-    from training.pool import build_pool
-
-    pool = build_pool(tiny(tmp_path))
-    acc = accuracy(model, pool.test, device=torch.device("cpu"))
+    model = opened.model()
+    acc = accuracy(model, opened.population, device=torch.device("cpu"))
     assert acc == pytest.approx(res.metrics["test_accuracy"])
 
 
@@ -108,7 +103,7 @@ def test_resume_with_another_config_or_corrupt_state_is_refused(tmp_path):
         train(cfg, stop_after=2)
     with pytest.raises(CheckpointError, match="different config"):
         # same run name, other settings: the stored state belongs to another config
-        from training.checkpoint import load_state
+        from training.run.state import load_state
 
         load_state(cfg.run_dir(), config_sha256="0" * 64)
     (cfg.run_dir() / "state" / "checkpoint.pt").write_bytes(b"not a checkpoint")
@@ -209,7 +204,7 @@ def test_corrupt_weights_are_refused_when_loading(tmp_path):
     path = res.run_dir / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-10] + b"0123456789")
     with pytest.raises(CheckpointError, match="does not match the manifest"):
-        load_model_from_run(res.run_dir)
+        open_run(res.run_dir, verify=False).model()
 
 
 def test_cli_train_writes_run_and_reports(tmp_path):

@@ -294,7 +294,7 @@ def _write_run(run_dir: Path, *, num_classes=4, size=8, seed=0) -> Path:
     from datetime import datetime, timezone
 
     from training.io import fingerprint_arrays, save_safetensors, sha256_file, write_npy
-    from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PrivacyInfo, Provenance,
+    from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PrivacyInfo, Provenance,
                                    write_manifest)
 
     model = _tiny_model(num_classes=num_classes, size=size, seed=seed)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from training.accounting import RdpCurve
-from training.checkpoint import save_state
+from training.run.state import save_state
 from training.data import ImageSet, to_float_tensor
 from training.errors import TrainingDiverged
 from training.dp.engine import Stepper, StepStats, make_stepper
@@ -258,7 +258,7 @@ def run_phases(ctx: RunContext, model: nn.Module, next_phase: Callable[[list[dic
         ctx: the run context.
         model: the freshly built model (its weights are replaced by the saved ones when resuming).
         next_phase: the recipe.
-        state: saved state (``training.checkpoint.load_state``) to resume from, or None.
+        state: saved state (``training.run.state.load_state``) to resume from, or None.
 
     Returns:
         The trained, unwrapped model.

@@ -27,7 +27,7 @@ from torch import nn
 from training.config import OptimConfig, PrivacyConfig
 from training.dp.recipe import TrainRecipe
 from training.dp.sampling import BatchSampler, make_sampler
-from training.manifest import PhaseInfo
+from training.run.manifest import PhaseInfo
 
 __all__ = ["PhaseSpec", "CARRY_MODES", "carry_optimizer_state", "set_trainable", "FIRST_MOMENT_KEYS"]
 

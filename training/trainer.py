@@ -13,26 +13,20 @@ The claim composes the DP phases only; non-DP phases on public data are listed i
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from training import __version__
 from training.accounting import DPPhase, cross_check, default_delta, epsilon_for
-from training.checkpoint import clear_state, load_state, read_metrics
 from training.config import ModelConfig, TrainConfig, dump_config
 from training.errors import CheckpointError, UserError
-from training.io import (check_output_dir, remove_run_dir, save_safetensors, sha256_bytes, sha256_file, write_json,
-                         write_npy, write_text)
-from training.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
-                               read_manifest, write_manifest)
+from training.io import (check_output_dir, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json, write_npy,
+                         write_text)
 from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
@@ -40,6 +34,11 @@ from training.dp.rng import secret_seed
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
+from training.run.files import CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR
+from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, read_manifest,
+                                   write_manifest)
+from training.run.state import clear_state, has_state, load_state
+from training.run.write import write_membership, write_weights
 from training.run_lock import LOCK_FILE, run_lock
 
 __all__ = ["TrainResult", "train", "resolve_device", "SECURE_MODE_NOTE"]
@@ -57,6 +56,7 @@ class TrainResult:
     resumed_from: int = 0
     already_complete: bool = False
     warnings: tuple[str, ...] = ()
+    pool: Pool | None = None  # the pool this call trained on (None when the run was already complete)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -67,46 +67,26 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _versions() -> dict[str, str | None]:
-    def ver(mod: str) -> str | None:
-        try:
-            return __import__(mod).__version__
-        except Exception:
-            return None
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "opacus": ver("opacus"),
-            "timm": ver("timm")}
-
-
 def _prepare_run_dir(run_dir: Path, config_sha: str, *, resume: bool, overwrite: bool) -> str:
     """Decide what to do with an existing run directory: 'fresh', 'resume' or 'complete'."""
-    manifest = run_dir / "manifest.json"
-    state = run_dir / "state"
     if overwrite and (run_dir.exists() or run_dir.is_symlink()):
         remove_run_dir(run_dir, keep=(LOCK_FILE,))
-    if manifest.exists():
-        cfg_file = run_dir / "config.yaml"
+    if (run_dir / MANIFEST_FILE).exists():
+        cfg_file = run_dir / CONFIG_FILE
         if cfg_file.exists() and sha256_file(cfg_file) == config_sha:
             return "complete"
         raise CheckpointError(f"{run_dir} already holds a finished run with a different config; choose another "
                               f"name (--set name=...) or pass --overwrite")
-    if state.exists():
+    if has_state(run_dir):
         if not resume:
             raise CheckpointError(f"{run_dir} holds an interrupted run; pass --resume to continue it or "
                                   f"--overwrite to start again")
         return "resume"
     return "fresh"
+
+
+def _read_metrics(run_dir: Path) -> dict[str, Any]:
+    return read_json(run_dir / METRICS_FILE, what="metrics")
 
 
 def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInfo]:
@@ -172,11 +152,11 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     config_sha = sha256_bytes(config_text.encode("utf-8"))
     mode = _prepare_run_dir(run_dir, config_sha, resume=resume, overwrite=overwrite)
     if mode == "complete" and membership is None:
-        return TrainResult(run_dir, read_manifest(run_dir), read_metrics(run_dir), already_complete=True)
+        return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
     if mode == "complete":
-        stored = np.load(run_dir / "membership.npy", allow_pickle=False)
+        stored = np.load(run_dir / MEMBERSHIP_FILE, allow_pickle=False)
         if stored.shape == membership.shape and bool((stored == membership).all()):
-            return TrainResult(run_dir, read_manifest(run_dir), read_metrics(run_dir), already_complete=True)
+            return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
         raise CheckpointError(f"{run_dir} holds a finished run with another membership mask; pass --overwrite")
 
     tc, pc = cfg.training, cfg.privacy
@@ -223,13 +203,13 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     recipe = RECIPES[tc.recipe](setup, ctx)
     if mode == "fresh":
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(run_dir / "config.yaml", config_text)
+        write_text(run_dir / CONFIG_FILE, config_text)
     state = load_state(run_dir, config_sha256=config_sha) if mode == "resume" else None
     start = int(state["step"]) if state is not None else 0
     if tc.seed is None:
         notes.append(SECURE_MODE_NOTE + (f"; resumed at step {start} with a new secret, so the run is not "
                                           "bit-identical to an uninterrupted one" if start else ""))
-    ctx.logger = TrainLogger(run_dir / "tb", total=recipe.total_steps(), start=start,
+    ctx.logger = TrainLogger(run_dir / TB_DIR, total=recipe.total_steps(), start=start,
                              show=tc.progress if progress is None else progress, dp=pc.enabled)
     t0 = time.perf_counter()
     try:
@@ -252,7 +232,7 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     manifest = _finalize(run_dir, cfg, model=model, model_cfg=recipe.model_cfg, model_notes=recipe.model_notes,
                          frozen=frozen, pool=pool, mask=mask, mem_info=mem_info, privacy=privacy, metrics=metrics,
                          extra=extra, config_sha=config_sha, command=command, device=device)
-    return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings))
+    return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings), pool=pool)
 
 
 def _canary_record(run_dir: Path, ctx: RunContext) -> dict[str, Any]:
@@ -298,32 +278,20 @@ def _finalize(run_dir: Path, cfg: TrainConfig, *, model: torch.nn.Module, model_
               privacy: PrivacyInfo, metrics: dict, extra: dict, config_sha: str, command: str | None,
               device: torch.device) -> Manifest:
     """Write weights, membership, metrics and the manifest (last: its presence marks the run complete)."""
-    weights = save_safetensors(run_dir / "model.safetensors", model.state_dict())
-    mem_path = write_npy(run_dir / "membership.npy", mask)
-    write_json(run_dir / "metrics.json", metrics)
+    weights_sha = write_weights(run_dir, model.state_dict())
+    membership_sha = write_membership(run_dir, mask)
+    write_json(run_dir / METRICS_FILE, metrics)
     total, trainable = count_parameters(model)
-    m = model_cfg
-    manifest = Manifest(
-        run_name=cfg.name,
-        model=ModelInfo(arch=m.arch, kwargs=dict(m.kwargs), num_classes=len(pool.images.classes),
-                        input_shape=(3, *pool.images.x.shape[1:3]), normalize_mean=m.normalize_mean,
-                        normalize_std=m.normalize_std, cifar_stem=m.cifar_stem, fix_batchnorm=m.fix_batchnorm,
-                        param_count=total, trainable_param_count=trainable, weights_sha256=sha256_file(weights),
-                        frozen=list(frozen), notes=list(model_notes)),
-        data=DataInfo(dataset=cfg.data.dataset, root=cfg.data.root, split=cfg.data.split,
-                      test_split=cfg.data.test_split, image_size=cfg.data.image_size, pool_size=len(mask),
-                      pool_seed=cfg.data.pool_seed, pool_subset=cfg.data.pool_size is not None,
-                      pool_fingerprint=pool.images.fingerprint(), membership_sha256=sha256_file(mem_path),
-                      membership=mem_info, canaries=pool.canaries),
-        privacy=privacy,
+    manifest = build_manifest(
+        run_name=cfg.name, model=model_cfg, num_classes=len(pool.images.classes),
+        input_shape=(3, *pool.images.x.shape[1:3]), param_count=total, trainable_param_count=trainable,
+        weights_sha256=weights_sha, frozen=frozen, notes=model_notes, data=cfg.data,
+        pool_fingerprint=pool.images.fingerprint(), membership=mem_info, membership_sha256=membership_sha,
+        canaries=pool.canaries, privacy=privacy,
         training={"recipe": cfg.training.recipe, "optimizer": cfg.optim.model_dump(mode="json"),
                   "steps": metrics["steps"], "batch_size": cfg.training.batch_size,
                   "test_accuracy": metrics["test_accuracy"], "train_accuracy": metrics["train_accuracy"], **extra},
-        provenance=Provenance(package_version=__version__, git_commit=_git_commit(), **_versions(),
-                              seed=cfg.training.seed, config_sha256=config_sha,
-                              created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              command=command, device=str(device)),
-    )
+        seed=cfg.training.seed, config_sha256=config_sha, command=command, device=str(device))
     write_manifest(run_dir, manifest)
     clear_state(run_dir)
     return manifest

@@ -44,6 +44,7 @@ from typing import Any
 
 from training.errors import UntrustedCodeError
 from training.models import names_code
+from training.run.files import CONFIG_FILE, MANIFEST_FILE
 
 __all__ = ["CodeRef", "CodeTrust", "code_in_run", "require_code_trust", "TRUST_FLAG"]
 
@@ -112,14 +113,14 @@ def _config_refs(run_dir: Path, name: str, prefix: str) -> list[CodeRef]:
     checkpoint = _get(data, "training", "finetune", "checkpoint")
     if isinstance(checkpoint, str) and checkpoint and Path(checkpoint).is_dir():
         refs += [CodeRef(f"{prefix}{name} -> training.finetune.checkpoint {checkpoint}/manifest.json", r.field,
-                         r.value) for r in _arch_ref(_read(Path(checkpoint) / "manifest.json"), "")]
+                         r.value) for r in _arch_ref(_read(Path(checkpoint) / MANIFEST_FILE), "")]
     return refs
 
 
 def _dir_refs(run_dir: Path, prefix: str = "") -> list[CodeRef]:
-    manifest = _read(run_dir / "manifest.json")
-    refs = _arch_ref(manifest, prefix + "manifest.json")
-    names = ["config.yaml"]
+    manifest = _read(run_dir / MANIFEST_FILE)
+    refs = _arch_ref(manifest, prefix + MANIFEST_FILE)
+    names = [CONFIG_FILE]
     extra = _get(manifest, "provenance", "config_file")
     if isinstance(extra, str) and extra not in names and Path(extra).name == extra:
         names.append(extra)

@@ -56,7 +56,7 @@ def command(run: str, config_path: str | None, variant: str | None, overrides: t
     """Attack the run in RUN (LOSS, Attack-P, LiRA, RMIA, ...) and write RUN/attack.json and RUN/scores.npz."""
     from attacks.config import fit_to_run
     from attacks.runner import run_attack
-    from attacks.target import has_recipe
+    from training.run import has_recipe
 
     extra = [f"attack.executor={executor}"] * (executor is not None) + [f"attack.workers={workers}"] * (
         workers is not None)

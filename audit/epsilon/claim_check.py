@@ -18,7 +18,7 @@ Each contradiction is a :class:`~audit.epsilon.verdict.Finding` (kinds ``claim_n
 ``"warning"`` (reported, verdict unchanged). Everything here
 is a pure function of already-parsed values; reading the files is the caller's job.
 
->>> from training.manifest import PrivacyInfo, PhaseInfo
+>>> from training.run.manifest import PrivacyInfo, PhaseInfo
 >>> phase = PhaseInfo(name="private", dp=True, noise_multiplier=1.0, sample_rate=0.01, steps=1000)
 >>> honest = PrivacyInfo(dp=True, delta=1e-5, accountant="prv", epsilon=1.84, phases=[phase])
 >>> check_mechanism(honest)
@@ -38,7 +38,7 @@ from typing import Any
 
 from audit.epsilon.verdict import Finding
 from training.errors import UserError
-from training.manifest import Manifest, PrivacyInfo
+from training.run.manifest import Manifest, PrivacyInfo
 
 __all__ = ["REL_TOL", "ABS_TOL", "recompute_epsilon", "check_mechanism", "check_config",
            "check_metrics", "check_provenance", "check_claim"]
@@ -67,7 +67,7 @@ def recompute_epsilon(privacy: PrivacyInfo) -> float:
     Raises:
         UserError: no δ, or a DP phase without σ > 0, q in (0, 1] and T ≥ 0.
 
-    >>> from training.manifest import PrivacyInfo, PhaseInfo
+    >>> from training.run.manifest import PrivacyInfo, PhaseInfo
     >>> p = PhaseInfo(name="dp", dp=True, noise_multiplier=1.0, sample_rate=0.01, steps=1000)
     >>> round(recompute_epsilon(PrivacyInfo(dp=True, delta=1e-5, epsilon=2.0, phases=[p])), 2)
     1.83
@@ -236,7 +236,7 @@ def check_provenance(manifest: Manifest) -> tuple[Finding, ...]:
     """A DP claim whose recorded command line turned DP off (``--set privacy.enabled=false``, or a noise
     multiplier of 0) contradicts itself.
 
-    >>> from training.manifest import Provenance
+    >>> from training.run.manifest import Provenance
     >>> _overrides("audit train q.yaml --set privacy.enabled=false --set=a.b=1")
     [('privacy.enabled', 'false'), ('a.b', '1')]
     """

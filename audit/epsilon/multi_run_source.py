@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,10 +27,9 @@ import numpy as np
 from audit.config import EpsilonConfig
 from audit.epsilon.estimate import EpsilonEstimate
 from audit.epsilon.multi_run import epsilon_multi_run
-from audit.epsilon.sources import CONFIG_FILE, Skipped, run_train_config
+from audit.epsilon.sources import Skipped, run_recipe
 from audit.epsilon.thresholds import HeldOut
-from training.errors import DataError
-from training.manifest import Manifest
+from training.run import VerifiedRun
 
 __all__ = ["SOURCE", "ASSUMPTIONS", "make_canary", "multi_run_evidence"]
 
@@ -96,14 +94,13 @@ def _canary_scores(states: list[dict], factory, x: np.ndarray, label: int) -> np
     return out
 
 
-def multi_run_evidence(*, run_dir: str | Path, manifest: Manifest, membership: np.ndarray, config: EpsilonConfig,
-                       delta: float) -> tuple[EpsilonEstimate, ...] | Skipped:
+def multi_run_evidence(*, run: VerifiedRun, config: EpsilonConfig, delta: float
+                       ) -> tuple[EpsilonEstimate, ...] | Skipped:
     """Train ``config.multi_run_models`` models of the target's recipe, half with one canary, and bound ε.
 
     Args:
-        run_dir: The target's run directory (its ``config.yaml`` gives the recipe and the pool).
-        manifest: The target's verified manifest (σ, q, steps, C come from its last phase).
-        membership: bool (pool_size,), the target's members; every model trains on them (plus the canary).
+        run: The verified target: its ``config.yaml`` gives the recipe, its manifest σ, q, steps and C (last
+            phase), its pool and membership the members every model trains on (plus the canary).
         config: ``multi_run_models`` (2n), ``multi_run_canary``, ``multi_run_seed``, ``holdout_fraction``,
             ``seed`` (the held-out split) and ``alpha``.
         delta: δ of the bounds (the manifest's δ).
@@ -121,37 +118,32 @@ def multi_run_evidence(*, run_dir: str | Path, manifest: Manifest, membership: n
     from attacks.recipe import batched_unsupported, model_factory, shadow_recipe
     from training.dp.batched import train_many
     from training.data import to_float_tensor
-    from training.pool import build_pool
 
-    run_dir = Path(run_dir)
     n = config.multi_run_models // 2
     f = config.holdout_fraction
     if not 1 <= math.floor(f * n) <= n - 1:
         return Skipped(SOURCE, f"epsilon.multi_run_models = {config.multi_run_models} leaves too few models per "
                                f"side for a held-out threshold at holdout_fraction = {f}; use more models")
-    cfg = run_train_config(run_dir, manifest)
-    recipe = shadow_recipe(config=cfg, manifest=manifest)
-    pool = build_pool(cfg)
-    if pool.images.fingerprint() != manifest.data.pool_fingerprint:
-        raise DataError(f"the pool rebuilt from {run_dir / CONFIG_FILE} does not match the manifest's fingerprint: "
-                        "point data.root at the dataset the run was trained on")
-    num_classes, image_shape = len(pool.images.classes), tuple(pool.images.x.shape[1:])
+    cfg = run_recipe(run)
+    recipe = shadow_recipe(config=cfg, manifest=run.manifest)
+    pool = run.pool
+    num_classes, image_shape = len(pool.classes), tuple(pool.x.shape[1:])
     input_shape = (int(image_shape[2]), int(image_shape[0]), int(image_shape[1]))
     why = batched_unsupported(recipe, num_classes=num_classes, input_shape=input_shape)
     if why is not None:
         return Skipped(SOURCE, f"the batched trainer cannot replay this recipe: {why}")
-    members = np.flatnonzero(np.asarray(membership, dtype=bool))
+    members = np.flatnonzero(run.membership)
     if members.size == 0:
         return Skipped(SOURCE, "the run has no members to train on")
-    test = pool.test
+    test = run.population
     if config.multi_run_canary == "mislabel" and (test is None or len(test) == 0):
         return Skipped(SOURCE, "a mislabel canary needs the run's test set (data.test_size > 0); use "
                                "multi_run_canary = ood")
     cx, cy, canary = make_canary(config.multi_run_canary, image_shape=image_shape, num_classes=num_classes,
                                  test_x=None if test is None else test.x, test_y=None if test is None else test.y,
                                  rng=[config.multi_run_seed, _CANARY_STREAM])
-    x = np.concatenate([pool.images.x[members], cx[None]], axis=0)
-    y = np.concatenate([np.asarray(pool.images.y[members], dtype=np.int64), np.array([cy], dtype=np.int64)])
+    x = np.concatenate([pool.x[members], cx[None]], axis=0)
+    y = np.concatenate([np.asarray(pool.y[members], dtype=np.int64), np.array([cy], dtype=np.int64)])
     masks = np.ones((2 * n, x.shape[0]), dtype=bool)
     masks[n:, -1] = False  # models [0, n) train with the canary, [n, 2n) without
     seeds = np.random.default_rng([config.multi_run_seed, _SEED_STREAM]).choice(2**31 - 1, size=2 * n,

@@ -45,11 +45,13 @@ from audit.epsilon.epsilon_file import (EPSILON_FILE, EpsilonFile, EstimateEntry
                                         write_epsilon_file)
 from audit.epsilon.verdict import Finding, Verdict, VerdictStatus
 from audit.epsilon.verdict import verdict as judge
+from training.errors import UserError
 from training.io import read_json, sha256_bytes, sha256_file
 from training.result_json import CodeRecord
-from training.manifest import Manifest, load_membership, read_manifest, verify_weights
+from training.run import CONFIG_FILE, METRICS_FILE, VerifiedRun, as_run, identity, inputs_record, is_current
+from training.run.manifest import Manifest
 from training.run_lock import run_lock
-from training.trust import CodeTrust, require_code_trust
+from training.trust import CodeTrust
 
 __all__ = ["SourcedEstimate", "EpsilonReport", "judge_estimates", "run_epsilon", "epsilon_is_complete",
            "claim_sha256",
@@ -130,15 +132,13 @@ def claim_is_gaussian(manifest: Manifest) -> bool:
         and (p.noise_multiplier or 0.0) > 0.0 for p in phases))
 
 
-def _load_evidence(source: str, *, run_dir: Path, manifest: Manifest, membership: np.ndarray,
-                   config: EpsilonConfig, trust_code: bool = False) -> Evidence | Skipped:
+def _load_evidence(source: str, *, run: VerifiedRun, config: EpsilonConfig) -> Evidence | Skipped:
     if source == "pool":
-        ev = pool_evidence(run_dir=run_dir, manifest=manifest, membership=membership, attack=config.attack)
+        ev = pool_evidence(run=run, attack=config.attack)
     elif source == "input_canaries":
-        ev = input_canary_evidence(run_dir=run_dir, manifest=manifest, membership=membership, attack=config.attack,
-                                   trust_code=trust_code)
+        ev = input_canary_evidence(run=run, attack=config.attack)
     else:
-        ev = gradient_canary_evidence(run_dir=run_dir, manifest=manifest)
+        ev = gradient_canary_evidence(run=run)
     if isinstance(ev, Evidence) and (ev.m < 2 or ev.included.all() or not ev.included.any()):
         return Skipped(source, f"{ev.m} canaries with {int(ev.included.sum())} included: the one-run audit needs "
                                "at least two canaries, some in and some out")
@@ -208,16 +208,17 @@ def judge_estimates(*, claimed_epsilon: float, delta: float, estimates: Sequence
     return v.model_copy(update={"notes": tuple(lead + notes)})
 
 
-def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, write: bool = True,
-                trust_code: bool = False) -> EpsilonReport:
+def run_epsilon(*, run_dir: str | Path | VerifiedRun, config: EpsilonConfig | None = None,
+                write: bool = True, trust_code: bool = False) -> EpsilonReport:
     """Compute every configured ε lower bound for a run, judge the claim, and write ``<run_dir>/epsilon.json``.
 
     Args:
-        run_dir: A run directory written by ``audit train`` (or ``audit import``).
+        run_dir: A run directory written by ``audit train`` (or ``audit import``), or the run already opened
+            with :func:`training.run.open_run`.
         config: Sources, α and estimator settings (default :class:`~audit.config.EpsilonConfig`).
         write: Write ``epsilon.json`` atomically (the report's ``path`` is set then).
         trust_code: allow the run to name code to import (``--trust-code``); checked before anything is read
-            and recorded in ``epsilon.json`` under ``code``.
+            and recorded in ``epsilon.json`` under ``code``. A run already opened keeps the trust it was opened with.
 
     Returns:
         The :class:`EpsilonReport`.
@@ -228,20 +229,17 @@ def run_epsilon(*, run_dir: str | Path, config: EpsilonConfig | None = None, wri
             is configured), or a configured attack absent from ``scores.npz``.
     """
     config = config if config is not None else EpsilonConfig()
-    run_dir = Path(run_dir)
-    code = require_code_trust(run_dir, trust_code=trust_code)
-    if write and run_dir.is_dir():
-        with run_lock(run_dir):  # multi_run trains models and epsilon.json is written here: one writer at a time
-            return _run_epsilon(run_dir=run_dir, config=config, write=write, trust_code=trust_code, code=code)
-    return _run_epsilon(run_dir=run_dir, config=config, write=write, trust_code=trust_code, code=code)
+    run = as_run(run_dir, trust_code=trust_code, verify=False)  # the code check first, then each part once
+    if write:
+        with run_lock(run.run_dir):  # multi_run trains models and epsilon.json is written here: one writer at a time
+            return _run_epsilon(run=run, config=config, write=write)
+    return _run_epsilon(run=run, config=config, write=write)
 
 
-def _run_epsilon(*, run_dir: Path, config: EpsilonConfig, write: bool, trust_code: bool,
-                 code: CodeTrust) -> EpsilonReport:
-    """:func:`run_epsilon` after the trust check (and with the run directory locked when writing)."""
-    manifest = read_manifest(run_dir)
-    verify_weights(run_dir, manifest)
-    membership = load_membership(run_dir, manifest)
+def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool) -> EpsilonReport:
+    """:func:`run_epsilon` on the opened run (with its directory locked when writing)."""
+    identity(run)  # weights and membership verified now; config and pool when a source uses them
+    run_dir, manifest = run.run_dir, run.manifest
     claim = manifest.privacy.claimed_epsilon
     notes: list[str] = []
     if manifest.privacy.dp and manifest.privacy.delta is not None:
@@ -259,8 +257,7 @@ def _run_epsilon(*, run_dir: Path, config: EpsilonConfig, write: bool, trust_cod
     multi: list[SourcedEstimate] = []
     for source in config.sources:
         if source == "multi_run":
-            res = multi_run_evidence(run_dir=run_dir, manifest=manifest, membership=membership, config=config,
-                                     delta=delta)
+            res = multi_run_evidence(run=run, config=config, delta=delta)
             if isinstance(res, Skipped):
                 skipped.append(res)
             else:
@@ -269,8 +266,7 @@ def _run_epsilon(*, run_dir: Path, config: EpsilonConfig, write: bool, trust_cod
                                                       "n_models": config.multi_run_models,
                                                       "canary": config.multi_run_canary}) for e in res]
             continue
-        ev = _load_evidence(source, run_dir=run_dir, manifest=manifest, membership=membership, config=config,
-                            trust_code=trust_code)
+        ev = _load_evidence(source, run=run, config=config)
         (skipped if isinstance(ev, Skipped) else evidence).append(ev)
 
     plans = [(ev, _plan(ev, delta=delta, config=config, gaussian=gaussian)) for ev in evidence]
@@ -288,12 +284,11 @@ def _run_epsilon(*, run_dir: Path, config: EpsilonConfig, write: bool, trust_cod
     scores_path = run_dir / SCORES_FILE
     report = EpsilonReport(
         run=manifest.run_name,
-        inputs={"weights_sha256": manifest.model.weights_sha256,
-                "scores_sha256": sha256_file(scores_path) if scores_path.is_file() else None,
-                "config_sha256": config_sha256(config), "claim_sha256": claim_sha256(run_dir)},
+        inputs=inputs_record(run, scores_sha256=sha256_file(scores_path) if scores_path.is_file() else None,
+                             config_sha256=config_sha256(config), claim_sha256=claim_sha256(run)),
         claimed_epsilon=claim, delta=delta, alpha=config.alpha, estimates=estimates, skipped=tuple(skipped),
         verdict=with_claim_findings(judge_estimates(claimed_epsilon=claim, delta=delta, estimates=estimates,
-                                                    notes=notes), _claim_findings(run_dir, manifest)), code=code)
+                                                    notes=notes), _claim_findings(run)), code=run.code)
     if write:
         path = write_epsilon_file(run_dir, report.to_file())
         report = dataclasses.replace(report, path=path)
@@ -313,71 +308,61 @@ def with_claim_findings(v: Verdict, findings: Sequence[Finding]) -> Verdict:
     return v.with_findings(*findings).model_copy(update=update)
 
 
-#: the files the claim check reads: ``epsilon.json`` is stale when any of them changes
-CLAIM_FILES = ("manifest.json", "config.yaml", "metrics.json")
-
-
-def claim_sha256(run_dir: str | Path) -> str:
-    """sha256 over the files the claim check reads (an absent file counts as absent)."""
-    parts = []
-    for name in CLAIM_FILES:
-        path = Path(run_dir) / name
-        parts.append(f"{name}:{sha256_file(path) if path.is_file() else 'absent'}")
+def claim_sha256(run: VerifiedRun) -> str:
+    """sha256 over what the claim check reads: the manifest, ``config.yaml`` and ``metrics.json`` (absent counts
+    as absent); part of ``epsilon.json``'s inputs, so it is stale when any of them changes."""
+    metrics = run.metrics_path
+    parts = [f"manifest:{sha256_bytes(run.manifest.model_dump_json().encode('utf-8'))}",
+             f"{CONFIG_FILE}:{run.config_sha256 or 'absent'}",
+             f"{METRICS_FILE}:{sha256_file(metrics) if metrics.is_file() else 'absent'}"]
     return sha256_bytes("\n".join(parts).encode("utf-8"))
 
 
-def _claim_findings(run_dir: Path, manifest: Manifest) -> tuple[Finding, ...]:
-    """Read ``config.yaml`` and ``metrics.json`` (when present) and check a DP claim against them."""
-    import yaml
-
+def _claim_findings(run: VerifiedRun) -> tuple[Finding, ...]:
+    """Check a DP claim against the run's ``config.yaml`` and ``metrics.json`` (when present)."""
+    manifest = run.manifest
     if not manifest.privacy.dp:
         return ()
-    config = metrics = config_sha = None
+    config = metrics = None
     unreadable: list[Finding] = []
-    cfg_path, met_path = run_dir / "config.yaml", run_dir / "metrics.json"
-    if cfg_path.is_file():
-        config_sha = sha256_file(cfg_path)
+    if run.has_recipe:
         try:
-            config = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+            config = run.config_data
+        except UserError as exc:
             unreadable.append(Finding(kind="claim_vs_config", severity="error",
-                                      message=f"config.yaml is unreadable ({type(exc).__name__})"))
-        if config is not None and not isinstance(config, dict):
-            unreadable.append(Finding(kind="claim_vs_config", severity="error",
-                                      message="config.yaml is not a mapping of sections"))
-            config = None
-    if met_path.is_file():
+                                      message=f"{CONFIG_FILE} is unreadable ({exc})"))
+        else:
+            if config is None:
+                unreadable.append(Finding(kind="claim_vs_config", severity="error",
+                                          message=f"{CONFIG_FILE} is not a mapping of sections"))
+    if run.metrics_path.is_file():
         try:
-            metrics = read_json(met_path, what="metrics")
+            metrics = read_json(run.metrics_path, what="metrics")
         except ValueError as exc:
             unreadable.append(Finding(kind="claim_vs_metrics", severity="warning", message=str(exc)))
         if not isinstance(metrics, dict):
             metrics = None
-    found = check_claim(manifest, config=config, config_sha256=config_sha, metrics=metrics)
+    found = check_claim(manifest, config=config, config_sha256=run.config_sha256, metrics=metrics)
     return tuple(sorted((*unreadable, *found), key=lambda f: f.severity != "error"))
 
 
-def epsilon_is_complete(run_dir: str | Path, config: EpsilonConfig | None = None) -> bool:
-    """Whether ``<run_dir>/epsilon.json`` is current: readable (current format or migrated), same weights,
-    ``scores.npz`` and config.
+def epsilon_is_complete(run_dir: str | Path | VerifiedRun, config: EpsilonConfig | None = None) -> bool:
+    """Whether ``<run_dir>/epsilon.json`` is current (:func:`training.run.is_current`): readable (current format or
+    migrated), same verified weights and membership, pool fingerprint, ``scores.npz``, config and claim record.
 
     >>> epsilon_is_complete("/nonexistent/run")
     False
     """
     config = config if config is not None else EpsilonConfig()
-    run_dir = Path(run_dir)
-    path = run_dir / EPSILON_FILE
-    if not path.is_file() or not (run_dir / "manifest.json").is_file():
+    path = (run_dir.run_dir if isinstance(run_dir, VerifiedRun) else Path(run_dir))
+    if not (path / EPSILON_FILE).is_file():
         return False
     try:
         data = read_epsilon_file(path)
-        manifest = read_manifest(run_dir)
-    except ValueError:
+        run = as_run(run_dir, verify=False)
+    except UserError:
         return False
-    inputs = data.inputs
-    scores_path = run_dir / SCORES_FILE
+    scores_path = path / SCORES_FILE
     scores_sha = sha256_file(scores_path) if scores_path.is_file() else None
-    return (inputs.get("weights_sha256") == manifest.model.weights_sha256
-            and inputs.get("scores_sha256") == scores_sha
-            and inputs.get("config_sha256") == config_sha256(config)
-            and inputs.get("claim_sha256") == claim_sha256(run_dir))
+    return is_current(data.inputs, run, scores_sha256=scores_sha, config_sha256=config_sha256(config),
+                      claim_sha256=claim_sha256(run))

@@ -35,15 +35,15 @@ import numpy as np
 
 from training.errors import CheckpointError, DataError, UserError
 from training.io import sha256_file
-from training.manifest import Manifest
+from training.run import CONFIG_FILE, VerifiedRun
+from training.run.manifest import Manifest
 
 __all__ = ["Evidence", "Skipped", "SOURCES", "SCORES_FILE", "pool_evidence", "input_canary_evidence",
-           "gradient_canary_evidence", "read_scores", "finite_scores", "inclusion_is_half", "run_train_config"]
+           "gradient_canary_evidence", "read_scores", "finite_scores", "inclusion_is_half", "run_recipe"]
 
 SOURCES = ("pool", "input_canaries", "gradient_canaries", "multi_run")
 """Evidence sources; ``multi_run`` trains models (:mod:`audit.epsilon.multi_run_source`), the rest read files."""
 SCORES_FILE = "scores.npz"
-CONFIG_FILE = "config.yaml"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -184,12 +184,13 @@ def _canary_range(manifest: Manifest) -> tuple[int, int] | None:
     return first, count
 
 
-def pool_evidence(*, run_dir: Path, manifest: Manifest, membership: np.ndarray, attack: str) -> Evidence | Skipped:
+def pool_evidence(*, run: VerifiedRun, attack: str) -> Evidence | Skipped:
     """The pool's real examples (input canaries excluded) as one-run canaries, scored by ``attack``.
 
     Raises:
         UserError: ``scores.npz`` is missing, lacks ``attack``, or does not match the run.
     """
+    run_dir, manifest, membership = run.run_dir, run.manifest, run.membership
     why = inclusion_is_half(manifest, canaries=False)
     if why is not None:
         return Skipped("pool", why)
@@ -208,15 +209,14 @@ def pool_evidence(*, run_dir: Path, manifest: Manifest, membership: np.ndarray, 
                                 "n_examples": int(keep.sum())})
 
 
-def input_canary_evidence(*, run_dir: Path, manifest: Manifest, membership: np.ndarray,
-                          attack: str, trust_code: bool = False) -> Evidence | Skipped:
+def input_canary_evidence(*, run: VerifiedRun, attack: str) -> Evidence | Skipped:
     """The input canaries of ``manifest.data.canaries``: scores from ``scores.npz`` if it covers them all,
-    else the scaled logit of the target model (black-box LOSS ranking; ``trust_code`` as in
-    :func:`training.checkpoint.load_model_from_run`).
+    else the scaled logit of the target model (black-box LOSS ranking).
 
     Raises:
         UserError: the run's files do not match its manifest (config, pool fingerprint, weights).
     """
+    run_dir, manifest, membership = run.run_dir, run.manifest, run.membership
     span = _canary_range(manifest)
     if span is None:
         return Skipped("input_canaries", "the run has no input canaries (training.canaries.count = 0)")
@@ -243,49 +243,32 @@ def input_canary_evidence(*, run_dir: Path, manifest: Manifest, membership: np.n
                                 included=included, black_box=True,
                                 provenance={"scores": f"{SCORES_FILE}:score_{attack}", "attack": attack,
                                             "scores_sha256": sha, "kind": kind, "first_index": span[0]})
-    return Evidence(source="input_canaries", scores=_scaled_logits(run_dir, manifest, idx, trust_code=trust_code),
-                    included=included,
+    return Evidence(source="input_canaries", scores=_scaled_logits(run, idx), included=included,
                     black_box=True,
                     provenance={"scores": "scaled logit of the target model (LOSS ranking), un-augmented query",
                                 "attack": "loss", "kind": kind, "first_index": span[0]})
 
 
-def _scaled_logits(run_dir: Path, manifest: Manifest, idx: np.ndarray, *, trust_code: bool) -> np.ndarray:
-    """φ of the verified target model on the rebuilt pool's examples ``idx``."""
+def _scaled_logits(run: VerifiedRun, idx: np.ndarray) -> np.ndarray:
+    """φ of the verified target model on the verified pool's examples ``idx``."""
     from attacks.signals import compute_signals
-    from training.checkpoint import load_model_from_run
-    from training.pool import build_pool
 
-    cfg = run_train_config(run_dir, manifest)
-    pool = build_pool(cfg)
-    if pool.images.fingerprint() != manifest.data.pool_fingerprint:
-        raise DataError(f"the pool rebuilt from {Path(run_dir) / CONFIG_FILE} does not match the manifest's "
-                        "fingerprint: point data.root at the dataset the run was trained on")
-    model, _ = load_model_from_run(run_dir, trust_code=trust_code)
-    phi = compute_signals(model, pool.images.x[idx], pool.images.y[idx])
+    phi = compute_signals(run.model(), run.pool.x[idx], run.pool.y[idx])
     return phi[:, 0].astype(np.float64)
 
 
-def run_train_config(run_dir: Path, manifest: Manifest):
-    """The run's resolved training config (``config.yaml``), checked against the manifest's sha256.
+def run_recipe(run: VerifiedRun):
+    """The run's verified training config (``config.yaml``).
 
     Raises:
-        CheckpointError: the file is missing or differs from the one the manifest records.
+        CheckpointError: the run has no ``config.yaml`` (an imported checkpoint), or it differs from the manifest's.
     """
-    from audit.config import RunConfig
-    from training.config import load_yaml, validate_config
-
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path} not found: the run directory is incomplete")
-    recorded = manifest.provenance.config_sha256
-    if recorded is not None and sha256_file(path) != recorded:
-        raise CheckpointError(f"{path} does not match the sha256 recorded in the manifest: the run's config was "
-                              "modified")
-    return validate_config(load_yaml(path), RunConfig, source=f"config error in {path}").train_config()
+    if run.config is None:
+        raise CheckpointError(f"{run.run_dir / CONFIG_FILE} not found: the run directory is incomplete")
+    return run.config
 
 
-def gradient_canary_evidence(*, run_dir: Path, manifest: Manifest) -> Evidence | Skipped:
+def gradient_canary_evidence(*, run: VerifiedRun) -> Evidence | Skipped:
     """White-box scores −⟨θ_T − θ_0, u_i⟩ of the gradient canaries (higher = member).
 
     Everything comes from the manifest's record ``training.gradient_canaries`` (written by the trainer): the count
@@ -298,9 +281,8 @@ def gradient_canary_evidence(*, run_dir: Path, manifest: Manifest) -> Evidence |
     """
     from training.dp.canaries import GradientCanaries, flatten_parameters
     from training.io import load_safetensors
-    from training.manifest import verify_weights
 
-    run_dir = Path(run_dir)
+    run_dir, manifest = run.run_dir, run.manifest
     rec = manifest.training.get("gradient_canaries")
     if not rec:
         return Skipped("gradient_canaries", "the run records no gradient canaries (training.gradient_canaries.count "
@@ -311,7 +293,7 @@ def gradient_canary_evidence(*, run_dir: Path, manifest: Manifest) -> Evidence |
     included = np.load(inc_path, allow_pickle=False)
     if included.dtype != np.bool_ or included.shape != (count,):
         raise CheckpointError(f"{inc_path} must hold {count} booleans, got {included.dtype} {included.shape}")
-    final = load_safetensors(verify_weights(run_dir, manifest))
+    final = run.state_dict
     init = load_safetensors(init_path)
     missing = [n for n in names if n not in final]
     if missing:

@@ -24,6 +24,7 @@ from audit.report.inputs import RunFiles, load_run
 from audit.report.model import Figures, Report
 from audit.report.render import render_html, render_json, render_markdown
 from training.io import write_json, write_text
+from training.run import VerifiedRun
 
 __all__ = ["ReportPaths", "Report", "Figures", "PoolImages", "build_report", "make_figures", "load_run",
            "render_html", "render_markdown", "render_json", "write_report"]
@@ -52,18 +53,19 @@ def make_figures(run: RunFiles, report: Report) -> Figures:
     )
 
 
-def write_report(*, run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
+def write_report(*, run_dir: str | os.PathLike[str] | VerifiedRun, out_dir: str | os.PathLike[str] | None = None,
                  pdf: bool = False, images: PoolImages | None = None, load_images: bool = True,
                  generated: str | None = None) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``report.json`` (and ``report.pdf``) for a run directory.
 
     Args:
-        run_dir: a run directory (``manifest.json`` required; other files optional).
+        run_dir: a run directory (``manifest.json`` required; other files optional), or the run already opened
+            with :func:`training.run.open_run`.
         out_dir: where to write (default: ``run_dir``).
         pdf: also print ``report.pdf`` with headless Chromium.
-        images: the training pool's images for thumbnails; when None and ``load_images`` is True they are
-            re-loaded from the run's ``config.yaml`` (indices are listed if that fails).
-        load_images: try to re-load the pool when ``images`` is None.
+        images: the training pool's images for thumbnails; when None and ``load_images`` is True they are the
+            run's verified pool (indices are listed, with the reason, if it cannot be rebuilt).
+        load_images: use the run's pool when ``images`` is None.
         generated: timestamp shown in the report (default: now, UTC).
 
     Returns:

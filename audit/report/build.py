@@ -17,6 +17,7 @@ from typing import Any
 from audit.report import fmt
 from audit.report.images import PoolImages, thumbnail_uri
 from audit.report.inputs import RunFiles
+from training.run import CONFIG_FILE
 from audit.report.limitations import limitations
 from audit.report.model import (
     GLANCE_FPR,
@@ -71,7 +72,7 @@ _HEADLINES = {
 def commands_for(run: RunFiles) -> dict[str, str]:
     """The exact command that (re)produces each file of the run directory."""
     run_q = shlex.quote(str(run.run_dir))
-    cfg = run.run_dir / (run.manifest.provenance.config_file or "config.yaml")
+    cfg = run.run_dir / (run.manifest.provenance.config_file or CONFIG_FILE)
     return {
         "train": f"audit train {shlex.quote(str(cfg))}",
         "attack": f"audit attack {run_q}",

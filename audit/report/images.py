@@ -1,8 +1,9 @@
 """Training-pool images for the report's thumbnails of the most vulnerable examples.
 
-The pool is re-loaded from the run's resolved ``config.yaml`` with ``training.data.load_pool`` and accepted
-only when its fingerprint equals the manifest's ``data.pool_fingerprint`` (so a thumbnail never shows an image
-from a different pool). When anything is missing the report lists pool indices instead, and says why.
+The pool is the run's verified pool (:attr:`training.run.VerifiedRun.pool`: rebuilt once by the one pool builder,
+input canaries included, and accepted only when its fingerprint equals the manifest's), so a thumbnail never
+shows an image from a different pool. When it cannot be rebuilt the report lists pool indices instead, and says
+why.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import numpy as np
 
 from audit.report.inputs import RunFiles
 from training.errors import UserError
-from training.io import fingerprint_arrays
 
 __all__ = ["PoolImages", "load_pool_images", "thumbnail_uri"]
 
@@ -38,22 +38,13 @@ def load_pool_images(run: RunFiles) -> tuple[PoolImages | None, str]:
     Returns:
         ``(images, "")`` on success, else ``(None, reason)`` with a one-line reason for the report.
     """
-    if run.config is None or not isinstance(run.config.get("data"), dict):
-        return None, "the run directory has no config.yaml with a data section, so the pool cannot be re-loaded"
+    if run.run is None:
+        return None, "the run directory was not opened, so the pool cannot be re-loaded"
     try:
-        from training.config import DataConfig, validate_config
-        from training.data import load_pool
-    except ImportError as exc:
-        return None, f"the dataset loaders are not available ({exc})"
-    try:
-        cfg = validate_config(run.config["data"], DataConfig, source="config.yaml data section")
-        pool = load_pool(cfg)
+        pool = run.run.pool
     except (UserError, OSError) as exc:
         return None, f"the pool could not be re-loaded ({exc})"
-    x, y = np.asarray(pool.x), np.asarray(pool.y)
-    if fingerprint_arrays(x, y) != run.manifest.data.pool_fingerprint:
-        return None, "the re-loaded pool does not match the manifest's pool fingerprint"
-    return PoolImages(x=x, y=y, classes=tuple(pool.classes)), ""
+    return PoolImages(x=np.asarray(pool.x), y=np.asarray(pool.y), classes=tuple(pool.classes)), ""
 
 
 def thumbnail_uri(image: np.ndarray, *, size: int = 64) -> str:

@@ -27,7 +27,8 @@ from audit.epsilon.epsilon_file import EPSILON_FILE, EpsilonFile, read_epsilon_f
 from audit.transfer.transfer_file import TRANSFER_FILE, TransferFile, read_transfer_file
 from training.errors import CheckpointError
 from training.io import read_json
-from training.manifest import Manifest, read_manifest
+from training.run import METRICS_FILE, VerifiedRun, as_run
+from training.run.manifest import Manifest
 
 __all__ = [
     "Metrics",
@@ -61,7 +62,7 @@ class Metrics(_In):
 
 
 def _read_metrics(run_dir: Path) -> Metrics | None:
-    path = run_dir / "metrics.json"
+    path = run_dir / METRICS_FILE
     if not path.exists():
         return None
     data = read_json(path, what="metrics.json")
@@ -90,6 +91,8 @@ class RunFiles:
         manifest: the validated manifest (always present).
         metrics, attack, epsilon, transfer: the parsed optional files, ``None`` when absent.
         config: the resolved training config (``config.yaml``) as a mapping, ``None`` when absent.
+        run: the opened run (:func:`training.run.open_run`); its weights, membership and pool are verified
+            on first use (the report's thumbnails use its pool).
     """
 
     run_dir: Path
@@ -99,6 +102,7 @@ class RunFiles:
     epsilon: EpsilonFile | None
     transfer: TransferFile | None
     config: dict[str, Any] | None
+    run: VerifiedRun | None = None
 
     @property
     def test_accuracy(self) -> float | None:
@@ -110,25 +114,11 @@ class RunFiles:
         return None
 
 
-def _read_config(run_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
-    import yaml
-
-    name = manifest.provenance.config_file or "config.yaml"
-    path = run_dir / name
-    if not path.is_file():
-        return None
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise CheckpointError(f"{path} is not valid YAML ({exc}); re-create the run") from None
-    return data if isinstance(data, dict) else None
-
-
-def load_run(run_dir: str | os.PathLike[str]) -> RunFiles:
+def load_run(run_dir: str | os.PathLike[str] | VerifiedRun) -> RunFiles:
     """Read and validate every file of a run directory.
 
     Args:
-        run_dir: a directory written by ``audit train`` or ``audit import``.
+        run_dir: a directory written by ``audit train`` or ``audit import``, or the run already opened.
 
     Returns:
         The parsed files; optional files that are absent are ``None``.
@@ -136,18 +126,17 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunFiles:
     Raises:
         CheckpointError: the directory or its manifest is missing, or a present file is malformed.
     """
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise CheckpointError(f"run directory not found: {path} (pass a directory written by 'audit train')")
-    manifest = read_manifest(path)
+    run = as_run(run_dir, verify=False)
+    path = run.run_dir
     return RunFiles(
         run_dir=path,
-        manifest=manifest,
+        manifest=run.manifest,
+        run=run,
         metrics=_read_metrics(path),
         attack=_read_optional(path, ATTACK_FILE, read_attack_file),
         epsilon=_read_optional(path, EPSILON_FILE, read_epsilon_file),
         transfer=_read_optional(path, TRANSFER_FILE, read_transfer_file),
-        config=_read_config(path, manifest),
+        config=run.config_data,
     )
 
 

@@ -173,7 +173,7 @@ def distortion_trajectory(*, source_run_dir: str | os.PathLike[str], data: tuple
         head_init: ``"zero"`` or ``"random"`` (seeded) initialisation of the new head.
         device: where to train.
         trust_code: allow the run's manifest to name code to import (see
-            :func:`training.checkpoint.load_model_from_run`).
+            :func:`training.run.open_run`).
 
     Returns:
         One dict per recorded step (step 0 first) with keys :data:`TRAJECTORY_KEYS`: ``step`` (DP steps
@@ -187,9 +187,9 @@ def distortion_trajectory(*, source_run_dir: str | os.PathLike[str], data: tuple
         ValueError: out-of-range arguments (named).
         ConfigError: the DP engine rejects the model (e.g. trainable BatchNorm).
     """
-    from training.checkpoint import load_model_from_run
+    from training.run import open_run
 
-    model, _manifest = load_model_from_run(source_run_dir, device=device, trust_code=trust_code)
+    model = open_run(source_run_dir, trust_code=trust_code, verify=False).model(device=device)
     return distortion_trajectory_model(model, data=data, strategy=strategy, steps=steps, lp_steps=lp_steps,
                                        noise_multiplier=noise_multiplier, batch_size=batch_size, lr=lr,
                                        eval_every=eval_every, seed=seed, max_grad_norm=max_grad_norm,

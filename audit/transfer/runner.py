@@ -32,8 +32,7 @@ from audit.transfer.knn import knn_classify
 from audit.transfer.probes import linear_probe
 from audit.transfer.separability import separation_profile
 from audit.transfer.suite import TransferDataset, TransferSuite
-from training.checkpoint import load_model_from_run
-from training.trust import require_code_trust
+from training.run import VerifiedRun, as_run
 from training.data import ImageSet, limit_indices, load_dataset
 from training.errors import ConfigError, DataError, UserError
 from audit.transfer.transfer_file import (TRANSFER_FILE, TRANSFER_FORMAT, TransferFile, TransferRow,
@@ -184,13 +183,14 @@ def _evaluate_dataset(model: torch.nn.Module, spec: TransferDataset, *, suite: T
     return row
 
 
-def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
+def evaluate_transfer(*, run_dir: str | os.PathLike[str] | VerifiedRun, suite: TransferSuite,
                       out_path: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                       log: Log | None = None, trust_code: bool = False) -> TransferResult:
     """Evaluate the checkpoint in ``run_dir`` on every dataset of ``suite``; write ``transfer.json``.
 
     Args:
-        run_dir: a run directory (``model.safetensors`` + ``manifest.json``); weights are sha256-checked.
+        run_dir: a run directory (``model.safetensors`` + ``manifest.json``; weights are sha256-checked), or the
+            run already opened with :func:`training.run.open_run`.
         suite: the transfer suite (:func:`audit.transfer.suite.load_suite`).
         out_path: where to write the result (default ``<run_dir>/transfer.json``).
         cache_dir: feature cache folder (default ``<run_dir>/features``).
@@ -205,11 +205,11 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
         CheckpointError: the run directory, manifest or weights are missing or do not match.
         ConfigError: ``device: cuda`` without a GPU.
     """
-    run_dir = Path(run_dir)
-    code = require_code_trust(run_dir, trust_code=trust_code)
+    run = as_run(run_dir, trust_code=trust_code, verify=False)
+    run_dir, manifest = run.run_dir, run.manifest
     say: Log = log or (lambda _msg: None)
     device = resolve_device(suite.device)
-    model, manifest = load_model_from_run(run_dir, device=device, trust_code=trust_code)
+    model = run.model(device=device)
     model_id = _model_id(manifest)
     image_size = int(suite.image_size or manifest.model.input_shape[1])
     cache = Path(cache_dir) if cache_dir is not None else run_dir / "features"
@@ -227,7 +227,7 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str], suite: TransferSuite,
         "suite": suite.model_dump(mode="json"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "datasets": rows,
-        "code": code.to_dict(),
+        "code": run.code.to_dict(),
     })
     path = Path(out_path) if out_path is not None else run_dir / TRANSFER_FILE
     write_transfer_file(path, data)

@@ -22,7 +22,7 @@ from training.data import ImageSet, to_float_tensor
 from training.dp.rng import Stream, derive_seed
 from training.errors import ConfigError
 from training.hessian import HessianMonitor
-from training.manifest import PhaseInfo
+from training.run.manifest import PhaseInfo
 from training.pool import Pool, draw_membership
 from training.loop import NextPhase, RunContext
 

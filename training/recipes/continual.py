@@ -34,7 +34,7 @@ from training.dp.rng import Stream, derive_seed
 from training.errors import ConfigError
 from training.evaluate import mean_loss
 from training.hessian import decelerator, model_hessian_trace
-from training.manifest import PhaseInfo
+from training.run.manifest import PhaseInfo
 from training.models import build_model
 from training.recipes.common import (RunSetup, calibrate_sigma, held_out_batch, make_gradient_canaries, make_monitor,
                                      phase_seed)

@@ -44,7 +44,8 @@ from training.dp.engine import StepStats
 from training.dp.rng import Stream, derive_seed
 from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import sha256_file
-from training.manifest import PhaseInfo, read_manifest, verify_weights
+from training.run import open_run
+from training.run.manifest import PhaseInfo
 from training.models import build_model, load_weights_file
 from training.models.weights import strip_prefix
 from training.recipes.budget import PhaseBudget, split_budget, split_steps
@@ -220,8 +221,10 @@ def resolve_checkpoint(path: str | None, model_cfg: ModelConfig) -> tuple[ModelC
                           "weights file)")
     p = Path(path)
     if p.is_dir():
-        manifest = read_manifest(p)
-        weights = verify_weights(p, manifest)
+        run = open_run(p, trust_code=True, verify=False)  # trust is decided by the caller of build_model below
+        run.weights_sha256  # the weights file is checked against the manifest before it is used
+        manifest = run.manifest
+        weights = p / manifest.model.weights_file
         m = manifest.model
         cfg = ModelConfig(arch=m.arch, kwargs=dict(m.kwargs), cifar_stem=m.cifar_stem, fix_batchnorm=m.fix_batchnorm,
                           normalize_mean=m.normalize_mean, normalize_std=m.normalize_std, pretrained=str(weights),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.manifest import PhaseInfo
+from training.run.manifest import PhaseInfo
 from training.models import build_model
 from training.recipes.common import RunSetup, calibrate_sigma, make_gradient_canaries, make_monitor
 from training.phases import PhaseSpec

@@ -1,0 +1,28 @@
+"""The run directory: its file names, the manifest, resumable state, imported checkpoints, verified opening and
+whether outputs are current. Every reader and writer of a run directory goes through this package.
+
+* :mod:`training.run.files`: the file names (``manifest.json``, ``model.safetensors``, ``config.yaml``, ...).
+* :mod:`training.run.manifest`: the manifest schema, :func:`build_manifest`, :func:`write_manifest`.
+* :mod:`training.run.state`: resumable training state (``state/checkpoint.pt``).
+* :mod:`training.run.imported`: ``import.json`` and the pool of an imported checkpoint.
+* :mod:`training.run.verified`: :func:`open_run` -> :class:`VerifiedRun` (manifest, weights, membership, config,
+  pool: each read and verified once).
+* :mod:`training.run.freshness`: one rule for "is this output still current".
+"""
+
+from training.run.files import (CONFIG_FILE, IMPORT_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, STATE_FILE,
+                                TB_DIR, WEIGHTS_FILE, has_recipe, is_complete)
+from training.run.freshness import identity, inputs_digest, inputs_record, is_current
+from training.run.imported import IMPORT_FORMAT
+from training.run.manifest import (MANIFEST_FORMAT, DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo,
+                                   PrivacyInfo, Provenance, build_manifest, write_manifest)
+from training.run.verified import VerifiedRun, as_run, open_run
+from training.run.write import write_membership, write_weights
+
+__all__ = [
+    "CONFIG_FILE", "IMPORT_FILE", "MANIFEST_FILE", "MEMBERSHIP_FILE", "METRICS_FILE", "STATE_FILE", "TB_DIR",
+    "WEIGHTS_FILE", "has_recipe", "is_complete", "identity", "inputs_digest", "inputs_record", "is_current",
+    "IMPORT_FORMAT", "MANIFEST_FORMAT", "DataInfo", "Manifest", "MembershipInfo", "ModelInfo", "PhaseInfo",
+    "PrivacyInfo", "Provenance", "build_manifest", "write_manifest", "VerifiedRun", "as_run", "open_run",
+    "write_membership", "write_weights",
+]

@@ -1,0 +1,269 @@
+"""The manifest: what a checkpoint claims.
+
+``manifest.json`` beside every checkpoint is the contract between training and auditing (see DESIGN.md).
+Every writer (the trainer, the batched reference-model trainer, ``audit import``) builds it with
+:func:`build_manifest`; auditors read it through :func:`training.run.open_run`, which checks sha256s and
+fingerprints before trusting anything. A hand-written manifest of the same schema is accepted too.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from training.config import DataConfig, ModelConfig
+from training.errors import CheckpointError
+from training.io import read_json, write_json
+from training.run.files import CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, WEIGHTS_FILE
+
+MANIFEST_FORMAT = "dp-audit-manifest/1"
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "ModelInfo",
+    "MembershipInfo",
+    "DataInfo",
+    "PhaseInfo",
+    "PrivacyInfo",
+    "Provenance",
+    "Manifest",
+    "read_manifest",
+    "write_manifest",
+    "build_manifest",
+    "model_config",
+]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelInfo(_M):
+    arch: str = Field(description="registry/timm name or 'package.module:factory'")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    num_classes: int
+    input_shape: tuple[int, int, int] = Field(description="(C, H, W) of the float input in [0, 1]")
+    normalize_mean: tuple[float, float, float] | None = None
+    normalize_std: tuple[float, float, float] | None = None
+    cifar_stem: bool = True
+    fix_batchnorm: bool = True
+    param_count: int
+    trainable_param_count: int
+    weights_file: str = WEIGHTS_FILE
+    weights_sha256: str
+    frozen: list[str] = Field(default_factory=list, description="parameter names not trained")
+    notes: list[str] = Field(default_factory=list, description="e.g. 'BatchNorm2d -> GroupNorm(...)'")
+
+
+class MembershipInfo(_M):
+    scheme: Literal["bernoulli", "all", "explicit"] = Field(
+        description="bernoulli: each pool example IN independently with prob p (one-run audit needs this); "
+        "all: the whole pool was trained on; explicit: a mask given by hand")
+    p: float | None = None
+    seed: int | None = None
+    n_members: int
+    n_pool: int
+
+
+class DataInfo(_M):
+    dataset: str
+    root: str | None = None
+    split: str
+    test_split: str | None = None
+    image_size: int | None = None
+    pool_size: int
+    pool_seed: int | None = None
+    pool_subset: bool = False
+    pool_fingerprint: str = Field(description="sha256 over the pool's x and y arrays (training.io.fingerprint_arrays)")
+    membership_file: str = MEMBERSHIP_FILE
+    membership_sha256: str
+    membership: MembershipInfo
+    nonmember_split: str | None = Field(None, description="external checkpoints: split whose examples are OUT")
+    canaries: dict[str, Any] | None = None
+
+
+class PhaseInfo(_M):
+    name: str
+    dp: bool
+    dataset: str | None = None
+    noise_multiplier: float | None = None
+    sample_rate: float | None = None
+    steps: int
+    batch_size: int | None = None
+    sampling: Literal["poisson", "shuffle", "none"] = "poisson"
+    max_grad_norm: float | None = None
+    clipping: Literal["flat", "per_layer", "automatic"] | None = None
+    grad_sample_mode: str | None = None
+    optimizer: str | None = None
+    lr: float | None = None
+    frozen: list[str] = Field(default_factory=list)
+    epsilon: float | None = Field(None, description="epsilon of this phase alone (DP phases)")
+
+
+class PrivacyInfo(_M):
+    dp: bool
+    unit: Literal["example"] = "example"
+    neighbouring: Literal["add/remove", "replace-one"] = "add/remove"
+    delta: float | None = None
+    accountant: str | None = None
+    epsilon: float | None = Field(None, description="claimed epsilon (all DP phases composed); None = no DP claim")
+    epsilon_cross_check: dict[str, Any] | None = Field(None, description="{'accountant': 'pld', 'epsilon': ...}")
+    phases: list[PhaseInfo] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def claimed_epsilon(self) -> float:
+        """The claimed epsilon; +inf when the checkpoint makes no DP claim."""
+        return float(self.epsilon) if (self.dp and self.epsilon is not None) else float("inf")
+
+
+class Provenance(_M):
+    package_version: str
+    git_commit: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    opacus: str | None = None
+    timm: str | None = None
+    seed: int | None = None
+    config_file: str | None = CONFIG_FILE
+    config_sha256: str | None = None
+    created: str
+    command: str | None = None
+    device: str | None = None
+
+
+class Manifest(_M):
+    format: Literal["dp-audit-manifest/1"] = MANIFEST_FORMAT
+    run_name: str
+    model: ModelInfo
+    data: DataInfo
+    privacy: PrivacyInfo
+    training: dict[str, Any] = Field(default_factory=dict, description="recipe, optimizer, steps, metrics")
+    provenance: Provenance
+
+
+def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write ``<run_dir>/manifest.json`` atomically (write it last: its presence marks the run complete)."""
+    return write_json(Path(run_dir) / MANIFEST_FILE, manifest.model_dump(mode="json"))
+
+
+def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
+    """Read and validate ``<run_dir>/manifest.json``. Auditors go through :func:`training.run.open_run`.
+
+    Raises:
+        CheckpointError: the manifest is missing, not JSON, or not of this schema (names the first bad key).
+    """
+    path = Path(run_dir) / MANIFEST_FILE
+    if not path.exists():
+        raise CheckpointError(
+            f"no manifest at {path}: pass a run directory written by 'audit train' or 'audit import'")
+    data = read_json(path, what="manifest")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise CheckpointError(f"manifest {path} is invalid at '{key}': {first['msg']}") from None
+
+
+def model_config(manifest: Manifest) -> ModelConfig:
+    """The :class:`~training.config.ModelConfig` that rebuilds the manifest's architecture (no weights)."""
+    m = manifest.model
+    return ModelConfig(arch=m.arch, kwargs=dict(m.kwargs), cifar_stem=m.cifar_stem, fix_batchnorm=m.fix_batchnorm,
+                       normalize_mean=m.normalize_mean, normalize_std=m.normalize_std)
+
+
+def _versions() -> dict[str, str | None]:
+    def ver(mod: str) -> str | None:
+        try:
+            return __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - an optional package that fails to import has no version
+            return None
+
+    return {"python": platform.python_version(), "torch": ver("torch"), "opacus": ver("opacus"), "timm": ver("timm")}
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input_shape: Sequence[int],
+                   param_count: int, trainable_param_count: int, weights_sha256: str,
+                   data: DataConfig | Mapping[str, Any], pool_fingerprint: str, membership: MembershipInfo,
+                   membership_sha256: str, privacy: PrivacyInfo, training: Mapping[str, Any],
+                   frozen: Sequence[str] = (), notes: Sequence[str] = (), canaries: Mapping[str, Any] | None = None,
+                   nonmember_split: str | None = None, seed: int | None = None, config_sha256: str | None = None,
+                   command: str | None = None, device: str | None = None) -> Manifest:
+    """The manifest of a run directory whose weights and membership file are already written.
+
+    The one builder behind ``audit train``, the batched reference-model trainer and ``audit import``: it fills
+    the pool size from ``membership``, the package, git and library versions and the creation time.
+
+    Args:
+        run_name: the run's name.
+        model: the architecture as built (its ``pretrained``/``freeze`` fields are not recorded).
+        num_classes, input_shape: logits and (C, H, W) of the float input.
+        param_count, trainable_param_count: from :func:`training.models.count_parameters`.
+        weights_sha256, membership_sha256: sha256 of the written ``model.safetensors`` and ``membership.npy``.
+        data: the data config (trained runs) or an import source ``{"dataset", "split", "root"?, "image_size"?}``.
+        pool_fingerprint: :meth:`training.data.ImageSet.fingerprint` of the pool the membership indexes.
+        membership: how members were drawn (its ``n_pool`` is the pool size).
+        privacy: the claim. training: recipe, optimizer, steps and metrics.
+        frozen, notes: parameters not trained; notes on the model (e.g. BatchNorm replaced).
+        canaries: the input canaries' description (:func:`training.pool.build_pool`).
+        nonmember_split: imported checkpoints: the split whose examples are OUT.
+        seed, config_sha256, command, device: provenance; ``config_sha256`` None means no ``config.yaml``.
+
+    >>> from training.config import DataConfig, ModelConfig
+    >>> man = build_manifest(run_name="r", model=ModelConfig(arch="small_cnn"), num_classes=10,
+    ...     input_shape=(3, 8, 8), param_count=5, trainable_param_count=5, weights_sha256="0" * 64,
+    ...     data=DataConfig(dataset="digits"), pool_fingerprint="1" * 64, membership_sha256="2" * 64,
+    ...     membership=MembershipInfo(scheme="all", n_members=4, n_pool=4), privacy=PrivacyInfo(dp=False),
+    ...     training={"recipe": "standard"})
+    >>> man.data.pool_size, man.provenance.config_file, man.privacy.claimed_epsilon
+    (4, None, inf)
+    """
+    if isinstance(data, DataConfig):
+        d = {"dataset": data.dataset, "root": data.root, "split": data.split, "test_split": data.test_split,
+             "image_size": data.image_size, "pool_seed": data.pool_seed, "pool_subset": data.pool_size is not None}
+    else:
+        d = {"dataset": data["dataset"], "root": data.get("root"), "split": data["split"],
+             "image_size": data.get("image_size")}
+    return Manifest(
+        run_name=run_name,
+        model=ModelInfo(arch=model.arch, kwargs=dict(model.kwargs), num_classes=int(num_classes),
+                        input_shape=tuple(int(s) for s in input_shape), normalize_mean=model.normalize_mean,
+                        normalize_std=model.normalize_std, cifar_stem=model.cifar_stem,
+                        fix_batchnorm=model.fix_batchnorm, param_count=int(param_count),
+                        trainable_param_count=int(trainable_param_count), weights_sha256=weights_sha256,
+                        frozen=list(frozen), notes=list(notes)),
+        data=DataInfo(**d, pool_size=membership.n_pool, pool_fingerprint=pool_fingerprint,
+                      membership_sha256=membership_sha256, membership=membership, nonmember_split=nonmember_split,
+                      canaries=None if canaries is None else dict(canaries)),
+        privacy=privacy,
+        training=dict(training),
+        provenance=Provenance(package_version=_package_version(), git_commit=_git_commit(), **_versions(),
+                              seed=seed, config_file=CONFIG_FILE if config_sha256 is not None else None,
+                              config_sha256=config_sha256,
+                              created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              command=command, device=device),
+    )
+
+
+def _package_version() -> str:
+    from training import __version__
+
+    return __version__
