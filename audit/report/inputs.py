@@ -126,7 +126,7 @@ def load_run(run_dir: str | os.PathLike[str] | VerifiedRun) -> RunFiles:
     Raises:
         CheckpointError: the directory or its manifest is missing, or a present file is malformed.
     """
-    run = as_run(run_dir, verify=False)
+    run = as_run(run_dir, verify=False, scan_code=False)  # the report and the gate never build a model
     path = run.run_dir
     return RunFiles(
         run_dir=path,

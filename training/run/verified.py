@@ -369,7 +369,8 @@ class VerifiedRun:
         return module.to(device).eval()
 
 
-def open_run(run_dir: str | os.PathLike[str], *, trust_code: bool = False, verify: bool = True) -> VerifiedRun:
+def open_run(run_dir: str | os.PathLike[str], *, trust_code: bool = False, verify: bool = True,
+             scan_code: bool = True) -> VerifiedRun:
     """Open a run directory for auditing: its manifest parsed once, every other file verified once.
 
     Args:
@@ -377,6 +378,9 @@ def open_run(run_dir: str | os.PathLike[str], *, trust_code: bool = False, verif
         trust_code: allow the run to name code to import (an import-path ``model.arch``; ``--trust-code``): only
             when the user trusts who made the run directory. Checked first, before anything else is read.
         verify: check the weights, membership, config and pool now; False checks each on first use.
+        scan_code: refuse a run that names code up front (:func:`training.trust.require_code_trust`); False for
+            readers that never build a model (the report, the gate): :meth:`VerifiedRun.model` still refuses an
+            import path unless ``trust_code``.
 
     Returns:
         The :class:`VerifiedRun`.
@@ -394,17 +398,17 @@ def open_run(run_dir: str | os.PathLike[str], *, trust_code: bool = False, verif
     path = Path(run_dir)
     if not path.is_dir():
         raise CheckpointError(f"run directory not found: {path}")
-    from training.trust import require_code_trust  # training.trust names this package's files
+    from training.trust import CodeTrust, require_code_trust  # training.trust names this package's files
 
-    code = require_code_trust(path, trust_code=trust_code)
+    code = require_code_trust(path, trust_code=trust_code) if scan_code else CodeTrust(trust_code=trust_code)
     run = VerifiedRun(path, read_manifest(path), code=code)
     return run.verify() if verify else run
 
 
-def as_run(run: VerifiedRun | str | os.PathLike[str], *, trust_code: bool = False,
-           verify: bool = True) -> VerifiedRun:
+def as_run(run: VerifiedRun | str | os.PathLike[str], *, trust_code: bool = False, verify: bool = True,
+           scan_code: bool = True) -> VerifiedRun:
     """``run`` itself when it is already open (with the trust it was opened with), else :func:`open_run` of the
     path (so a command opens a run once and passes it down)."""
     if isinstance(run, VerifiedRun):
         return run.verify() if verify else run
-    return open_run(run, trust_code=trust_code, verify=verify)
+    return open_run(run, trust_code=trust_code, verify=verify, scan_code=scan_code)
