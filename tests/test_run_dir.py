@@ -180,7 +180,7 @@ def test_the_pipeline_opens_its_run_once(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_report_of_a_run_with_input_canaries_has_its_thumbnails(run_copy: Path) -> None:
     from attacks.runner import run_attack
-    from audit.config import AttackConfig
+    from attacks.config import AttackConfig
     from audit.report import write_report
     from training.data import load_pool
 
@@ -191,7 +191,7 @@ def test_report_of_a_run_with_input_canaries_has_its_thumbnails(run_copy: Path) 
     assert load_pool(run.config.data).fingerprint() != manifest.data.pool_fingerprint
     result = run_attack(run_dir=run, progress=False, config=AttackConfig(
         attacks=("loss",), n_reference=0, n_bootstrap=5, population=0, flip=False, device="cpu", top_vulnerable=6))
-    vulnerable = result.report["attacks"]["loss"]["most_vulnerable"]
+    vulnerable = result.report.attacks["loss"].most_vulnerable
     html = write_report(run_dir=run_copy).html.read_text()
     uris = re.findall(r'src="data:image/png;base64,[^"]+"', html)
     assert len(vulnerable) == 6 and len(uris) == 6
