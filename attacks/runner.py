@@ -41,7 +41,7 @@ from training.errors import CheckpointError, UserError
 from training.evaluate import accuracy
 from training.io import read_json, write_npz
 from training.run import VerifiedRun, as_run, inputs_record, is_current
-from training.run_lock import run_lock
+from training.run.lock import run_lock
 
 __all__ = ["AttackResult", "run_attack", "attack_is_complete"]
 

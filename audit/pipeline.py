@@ -80,7 +80,7 @@ def _timed(records: list[StepRecord], step: str, fn: Callable[[], str]) -> None:
 def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool, progress: bool,
                  command: str | None, log: Log, warn: Log | None) -> VariantResult:
     from training.io import check_output_dir
-    from training.run_lock import run_lock
+    from training.run.lock import run_lock
 
     check_output_dir(cfg.run_dir(), what="run directory")
     with run_lock(cfg.run_dir(), command=command):  # the steps below take it again (nested, same process)

@@ -368,7 +368,7 @@ def _holder() -> subprocess.Popen:
 
 
 def test_a_second_writer_fails_fast_naming_the_lock_and_holder(run):
-    from training.run_lock import LOCK_FILE
+    from training.run.lock import LOCK_FILE
 
     proc = _holder()
     try:

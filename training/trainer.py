@@ -39,7 +39,7 @@ from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyI
                                    write_manifest)
 from training.run.state import clear_state, has_state, load_state
 from training.run.write import write_membership, write_weights
-from training.run_lock import LOCK_FILE, run_lock
+from training.run.lock import LOCK_FILE, run_lock
 
 __all__ = ["TrainResult", "train", "resolve_device", "SECURE_MODE_NOTE"]
 

@@ -50,7 +50,7 @@ from training.io import read_json, sha256_bytes, sha256_file
 from training.result_json import CodeRecord
 from training.run import CONFIG_FILE, METRICS_FILE, VerifiedRun, as_run, identity, inputs_record, is_current
 from training.run.manifest import Manifest
-from training.run_lock import run_lock
+from training.run.lock import run_lock
 from training.trust import CodeTrust
 
 __all__ = ["SourcedEstimate", "EpsilonReport", "judge_estimates", "run_epsilon", "epsilon_is_complete",

@@ -8,6 +8,7 @@ whether outputs are current. Every reader and writer of a run directory goes thr
 * :mod:`training.run.verified`: :func:`open_run` -> :class:`VerifiedRun` (manifest, weights, membership, config,
   pool: each read and verified once).
 * :mod:`training.run.freshness`: one rule for "is this output still current".
+* :mod:`training.run.lock`: one writer per run directory at a time (``.lock``).
 """
 
 from training.run.files import (CONFIG_FILE, IMPORT_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, STATE_FILE,

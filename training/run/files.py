@@ -10,6 +10,7 @@ A finished run directory holds::
     metrics.json         accuracies, steps, loss history
     state/checkpoint.pt  resumable training state (removed when the run completes)
     tb/                  TensorBoard curves
+    .lock                held while a command writes the run (training.run.lock)
 
 >>> has_recipe("/nonexistent")
 False
