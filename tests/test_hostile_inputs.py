@@ -245,7 +245,7 @@ def test_full_disk_is_one_line(tmp_path, monkeypatch):
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs" / "tiny" / "model.safetensors"))
 
-    monkeypatch.setattr("training.trainer.save_safetensors", full)
+    monkeypatch.setattr("training.trainer.write_weights", full)
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs")
     assert_error(cli("train", cfg, "--no-progress"), r"no space left on device writing .*model\.safetensors; free")
     assert not (tmp_path / "runs" / "tiny" / "manifest.json").exists()
