@@ -36,7 +36,7 @@ from attacks.registry import ATTACK_SPECS, AttackInputs, configured_attack, leav
 from attacks.results import evaluate_scores, loo_summary
 from attacks.shadows import ShadowSet, prepare_shadows
 from attacks.signal_cache import Signals, load_or_compute_signals
-from attacks.shadow_train import resolve_device
+from training.device import resolve_device
 from training.errors import CheckpointError, UserError
 from training.evaluate import accuracy
 from training.io import read_json, write_npz
@@ -158,13 +158,13 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
     say = _logger(progress)
     target = as_run(run_dir, trust_code=trust_code)
     _check_attacks(settings, target)
+    device = resolve_device(settings.device, field="attack.device")
     shadows: ShadowSet | None = None
     if settings.needs_references:
         shadows = prepare_shadows(target=target, n_models=settings.n_reference, seed=settings.seed,
-                                  executor=settings.executor, workers=settings.workers, device=settings.device,
+                                  executor=settings.executor, workers=settings.workers, device=device,
                                   max_models_per_batch=settings.max_models_per_batch, retrain=retrain_shadows,
                                   log=say)
-    device = resolve_device(settings.device)
     phi = load_or_compute_signals(target=target, shadows=shadows, spec=settings.augmentations,
                                   n_population=settings.population, seed=settings.seed, device=device,
                                   batch_size=settings.signal_batch_size, log=say)

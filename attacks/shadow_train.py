@@ -30,7 +30,7 @@ import torch
 from attacks.recipe import ShadowRecipe, batched_unsupported, model_factory, shadow_config
 from training.config import TrainConfig, dump_config
 from training.data import ImageSet, to_float_tensor
-from training.errors import ConfigError, UserError
+from training.errors import ConfigError
 from training.evaluate import accuracy
 from training.io import sha256_bytes, write_json, write_text
 from training.models import build_model, count_parameters
@@ -39,19 +39,10 @@ from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyI
                                    write_manifest)
 from training.run.write import write_membership, write_weights
 
-__all__ = ["Executor", "resolve_executor", "resolve_device", "train_shadow_models", "write_batched_run"]
+__all__ = ["Executor", "resolve_executor", "train_shadow_models", "write_batched_run"]
 
 Executor = Literal["auto", "batched", "sequential", "process"]
 EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "process")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; ``"cuda"`` without a GPU is a :class:`UserError`."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("attack.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int, input_shape: tuple[int, int, int],

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from attacks.recipe import shadow_recipe
-from attacks.shadow_train import resolve_device, resolve_executor, train_shadow_models
+from attacks.shadow_train import resolve_executor, train_shadow_models
+from training.device import resolve_device
 from training.errors import CheckpointError, ConfigError, UserError
 from training.io import read_json, sha256_file, write_json, write_npy
 from training.run import VerifiedRun, is_complete, open_run

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks.shadow_train import resolve_device
+from training.device import resolve_device
 from training.config import ModelConfig
 from training.data import concat_sets
 from training.errors import CheckpointError, ConfigError, DataError
@@ -154,7 +154,7 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
                        normalize_mean=None if normalize_mean is None else tuple(normalize_mean),
                        normalize_std=None if normalize_std is None else tuple(normalize_std))
     module, notes = _load_model(weights, mcfg, num_classes=n_classes, input_shape=pool.input_shape)
-    dev = resolve_device(device)
+    dev = resolve_device(device, field="--device")
     module.to(dev)
     outside = pool.subset(~membership)
     non_eval = outside if pop_set is None else concat_sets([outside, pop_set])

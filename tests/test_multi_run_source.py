@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from audit.config import EpsilonConfig
 from audit.epsilon.multi_run_source import make_canary
 from audit.epsilon.runner import run_epsilon
-from training.config import TrainConfig
+from training.config import TrainConfig, apply_overrides
 from training.trainer import train
 
 TINY = {
@@ -27,15 +26,7 @@ TINY = {
 
 
 def _run(tmp_path: Path, **over) -> Path:
-    data = json.loads(json.dumps(TINY))
-    data["output_dir"] = str(tmp_path)
-    for key, value in over.items():
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return train(TrainConfig.model_validate(data)).run_dir
+    return train(TrainConfig.model_validate(apply_overrides(TINY, {"output_dir": str(tmp_path), **over}))).run_dir
 
 
 def test_dp_run_gets_multi_run_cp_and_gdp(tmp_path):

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from audit.cli import main
-from training.config import TrainConfig
+from training.config import TrainConfig, apply_overrides
 from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import load_safetensors, sha256_file
 from training.run import open_run
@@ -32,15 +32,7 @@ TINY = {
 
 
 def tiny(tmp_path: Path, **over) -> TrainConfig:
-    data = json.loads(json.dumps(TINY))
-    data["output_dir"] = str(tmp_path)
-    for key, value in over.items():
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return TrainConfig.model_validate(data)
+    return TrainConfig.model_validate(apply_overrides(TINY, {"output_dir": str(tmp_path), **over}))
 
 
 def test_run_directory_is_complete_and_verifiable(tmp_path):

@@ -31,6 +31,7 @@ from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
 from training.dp.rng import secret_seed
+from training.device import resolve_device
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
@@ -41,7 +42,7 @@ from training.run.state import clear_state, has_state, load_state
 from training.run.write import write_membership, write_weights
 from training.run.lock import LOCK_FILE, run_lock
 
-__all__ = ["TrainResult", "train", "resolve_device", "SECURE_MODE_NOTE"]
+__all__ = ["TrainResult", "train", "SECURE_MODE_NOTE"]
 
 SECURE_MODE_NOTE = ("secure mode: noise drawn with Opacus's floating-point-attack-resistant sampler, noise and "
                     "batches seeded from a secret drawn from the OS CSPRNG (never recorded; provenance.seed is "
@@ -57,14 +58,6 @@ class TrainResult:
     already_complete: bool = False
     warnings: tuple[str, ...] = ()
     pool: Pool | None = None  # the pool this call trained on (None when the run was already complete)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("training.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _prepare_run_dir(run_dir: Path, config_sha: str, *, resume: bool, overwrite: bool) -> str:
@@ -188,7 +181,7 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
         notes.append("batches were formed by shuffling, not Poisson sampling; the epsilon below is computed as if "
                      "sampling were Poisson and is NOT a proven guarantee for this run")
 
-    device = resolve_device(tc.device)
+    device = resolve_device(tc.device, field="training.device")
     run_cfg, seed = cfg, tc.seed
     if tc.seed is None:  # secure mode (the config refuses a null seed otherwise): a secret, in memory only
         seed = secret_seed()

@@ -34,11 +34,12 @@ from audit.transfer.separability import separation_profile
 from audit.transfer.suite import TransferDataset, TransferSuite
 from training.run import VerifiedRun, as_run
 from training.data import ImageSet, limit_indices, load_dataset
-from training.errors import ConfigError, DataError, UserError
+from training.device import resolve_device
+from training.errors import DataError, UserError
 from audit.transfer.transfer_file import (TRANSFER_FILE, TRANSFER_FORMAT, TransferFile, TransferRow,
                                           write_transfer_file)
 
-__all__ = ["TransferResult", "evaluate_transfer", "resolve_device"]
+__all__ = ["TransferResult", "evaluate_transfer"]
 
 Log = Callable[[str], None]
 
@@ -62,15 +63,6 @@ class TransferResult:
             KeyError: if the suite had no such dataset.
         """
         return self.data.row(dataset)
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; ``"cuda"`` without a GPU is a :class:`ConfigError`."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("suite device is 'cuda' but no CUDA device is available; set device: auto or cpu")
-    return torch.device(device)
 
 
 def _cap(*limits: int | None) -> int | None:
@@ -208,7 +200,7 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str] | VerifiedRun, suite: T
     run = as_run(run_dir, trust_code=trust_code, verify=False)
     run_dir, manifest = run.run_dir, run.manifest
     say: Log = log or (lambda _msg: None)
-    device = resolve_device(suite.device)
+    device = resolve_device(suite.device, field="suite device")
     model = run.model(device=device)
     model_id = _model_id(manifest)
     image_size = int(suite.image_size or manifest.model.input_shape[1])

@@ -136,18 +136,21 @@ class _StepperHooks:
 class FlatDPOptimizer(_StepperHooks, DPOptimizer):
     """Opacus ``DPOptimizer`` with flat clipping that records per-sample norms."""
 
+    def clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
+        return flat_clip_factors(norms, max_grad_norm=self.max_grad_norm)
+
     def clip_and_accumulate(self) -> None:
+        """Per-sample norms over all parameters, factors from :meth:`clip_factors`, the weighted sum."""
         grads = self.grad_samples
         n = len(grads[0])
         if n == 0:
             return
         norms = torch.stack([g.reshape(n, -1).norm(2, dim=-1).to(grads[0].device) for g in grads], dim=1).norm(2, dim=1)
-        factors = flat_clip_factors(norms, max_grad_norm=self.max_grad_norm)
         self._record(norms, norms > self.max_grad_norm)
-        _accumulate(self, factors)
+        _accumulate(self, self.clip_factors(norms))
 
 
-class AutomaticDPOptimizer(_StepperHooks, DPOptimizer):
+class AutomaticDPOptimizer(FlatDPOptimizer):
     """``DPOptimizer`` with automatic clipping g·C/(‖g‖+γ) (Bu et al. 2023); sensitivity C."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, gamma: float, **kwargs) -> None:
@@ -156,15 +159,8 @@ class AutomaticDPOptimizer(_StepperHooks, DPOptimizer):
         self.gamma = float(gamma)
         super().__init__(optimizer, **kwargs)
 
-    def clip_and_accumulate(self) -> None:
-        grads = self.grad_samples
-        n = len(grads[0])
-        if n == 0:
-            return
-        norms = torch.stack([g.reshape(n, -1).norm(2, dim=-1).to(grads[0].device) for g in grads], dim=1).norm(2, dim=1)
-        factors = automatic_clip_factors(norms, max_grad_norm=self.max_grad_norm, gamma=self.gamma)
-        self._record(norms, norms > self.max_grad_norm)
-        _accumulate(self, factors)
+    def clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
+        return automatic_clip_factors(norms, max_grad_norm=self.max_grad_norm, gamma=self.gamma)
 
 
 class PerLayerDPOptimizer(_StepperHooks, DPPerLayerOptimizer):
