@@ -5,15 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audit.transfer.distortion import feature_distortion, relative_feature_change
-from audit.transfer.separability import (
-    fisher_separability,
-    fit_geometric_decay,
-    least_squares_residual,
-    scatter_matrices,
-    separation_fuzziness,
-    separation_profile,
-)
+from audit.transfer import (feature_distortion, fisher_separability, fit_geometric_decay, least_squares_residual,
+                            relative_feature_change, scatter_matrices, separation_fuzziness, separation_profile)
 
 
 def _blobs(rng, n_per=30, k=4, d=6, spread=1.0):

@@ -15,39 +15,12 @@ With models and data (torch): :mod:`audit.transfer.suite` (the YAML schema), :mo
 :mod:`audit.transfer.summary` (display rows).
 """
 
-from audit.transfer.distortion import DistortionResult, feature_distortion, relative_feature_change
-from audit.transfer.knn import KnnResult, knn_classify, knn_predict
-from audit.transfer.metrics import AccuracyEstimate, accuracy_estimate, binomial_ci
-from audit.transfer.probes import LinearProbeResult, linear_probe
-from audit.transfer.separability import (
-    GeometricDecay,
-    LayerSeparation,
-    fisher_separability,
-    fit_geometric_decay,
-    least_squares_residual,
-    scatter_matrices,
-    separation_fuzziness,
-    separation_profile,
-)
+# The package re-exports each pure-math module's public API (its ``__all__``), so the list lives in one place.
+from audit.transfer import distortion, knn, metrics, probes, separability
+from audit.transfer.distortion import *  # noqa: F403
+from audit.transfer.knn import *  # noqa: F403
+from audit.transfer.metrics import *  # noqa: F403
+from audit.transfer.probes import *  # noqa: F403
+from audit.transfer.separability import *  # noqa: F403
 
-__all__ = [
-    "AccuracyEstimate",
-    "accuracy_estimate",
-    "binomial_ci",
-    "LinearProbeResult",
-    "linear_probe",
-    "KnnResult",
-    "knn_predict",
-    "knn_classify",
-    "scatter_matrices",
-    "separation_fuzziness",
-    "fisher_separability",
-    "least_squares_residual",
-    "GeometricDecay",
-    "fit_geometric_decay",
-    "LayerSeparation",
-    "separation_profile",
-    "DistortionResult",
-    "feature_distortion",
-    "relative_feature_change",
-]
+__all__ = [*metrics.__all__, *probes.__all__, *knn.__all__, *separability.__all__, *distortion.__all__]

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from training.data.catalog import Catalog, array_catalog
+from training.data.imageset import check_image_arrays
 from training.data.spec import DatasetSpec, MissingData
 from training.errors import DataError
 
@@ -80,15 +81,10 @@ def read_npz(path: Path, *, name: str) -> tuple[np.ndarray, np.ndarray]:
     except ValueError as exc:
         raise DataError(f"{name}: cannot read {path} without unpickling ({exc}); store x and y as plain "
                         "numeric arrays, not object arrays") from None
-    if x.dtype != np.uint8:
-        raise DataError(f"{name}: x in {path} must be uint8 (0..255), got {x.dtype}; convert with "
-                        "x.astype(np.uint8) after scaling")
-    if x.ndim != 4 or x.shape[-1] != 3:
-        raise DataError(f"{name}: x in {path} must have shape (N, H, W, 3) (RGB, channels last), got {x.shape}")
-    if y.ndim != 1 or len(y) != len(x):
-        raise DataError(f"{name}: y in {path} must have shape ({len(x)},) to match x, got {y.shape}")
-    if len(y) and not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{name}: y in {path} must hold integer labels, got {y.dtype}")
+    try:
+        check_image_arrays(x, y)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{name}: {path}: {exc}") from None
     return x, y.astype(np.int64)
 
 

@@ -27,7 +27,7 @@ from PIL import Image
 
 from training.io import fingerprint_arrays
 
-__all__ = ["ImageSet", "to_float_tensor", "fit_image", "resize_images", "concat_sets"]
+__all__ = ["ImageSet", "check_image_arrays", "to_float_tensor", "fit_image", "resize_images", "concat_sets"]
 
 RESAMPLE = Image.Resampling.BICUBIC
 
@@ -36,6 +36,23 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.setflags(write=False)
     return view
+
+
+def check_image_arrays(x: np.ndarray, y: np.ndarray) -> None:
+    """Check that ``x`` is uint8 N×H×W×3 (RGB, channels last) and ``y`` holds N integer labels.
+
+    Raises:
+        TypeError: a wrong dtype.
+        ValueError: a wrong shape.
+    """
+    if x.dtype != np.uint8:
+        raise TypeError(f"x must be uint8 (0..255), got {x.dtype}; convert with x.astype(np.uint8) after scaling")
+    if x.ndim != 4 or x.shape[-1] != 3:
+        raise ValueError(f"x must have shape (N, H, W, 3) (RGB, channels last), got {x.shape}")
+    if y.ndim != 1 or len(y) != len(x):
+        raise ValueError(f"y must have shape ({len(x)},) to match x, got {y.shape}")
+    if len(y) and not np.issubdtype(y.dtype, np.integer):
+        raise TypeError(f"y must hold integer labels, got {y.dtype}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,14 +80,7 @@ class ImageSet:
     def __post_init__(self) -> None:
         x = np.asarray(self.x)
         y = np.asarray(self.y)
-        if x.dtype != np.uint8:
-            raise TypeError(f"ImageSet.x must be uint8, got {x.dtype}")
-        if x.ndim != 4 or x.shape[-1] != 3:
-            raise ValueError(f"ImageSet.x must have shape (N, H, W, 3), got {x.shape}")
-        if y.ndim != 1 or len(y) != len(x):
-            raise ValueError(f"ImageSet.y must have shape ({len(x)},), got {y.shape}")
-        if len(y) and not np.issubdtype(y.dtype, np.integer):
-            raise TypeError(f"ImageSet.y must hold integers, got {y.dtype}")
+        check_image_arrays(x, y)
         y = y.astype(np.int64, copy=False)
         classes = tuple(str(c) for c in self.classes)
         if len(y) and (y.min() < 0 or y.max() >= len(classes)):
