@@ -48,6 +48,20 @@ class GuessCounts:
         """Number of ``(k_pos, k_neg)`` pairs (the Bonferroni divisor)."""
         return int(self.r.size)
 
+    def best(self, bounds: np.ndarray) -> int:
+        """The pair with the largest bound; ties go to the more precise pair (larger v / r), then the first."""
+        return int(np.lexsort((-self.v / self.r, -np.asarray(bounds)))[0])
+
+    def record(self, i: int) -> tuple[dict[str, int], dict[str, object]]:
+        """Pair ``i``'s counts (``m, k_pos, k_neg, r, v, v_pos, v_neg, n_pairs``) and the grid it was chosen from
+        (``extra``: ``alpha_per_pair`` is added by the caller)."""
+        counts = {"m": self.m, "k_pos": int(self.k_pos[i]), "k_neg": int(self.k_neg[i]), "r": int(self.r[i]),
+                  "v": int(self.v[i]), "v_pos": int(self.v_pos[i]), "v_neg": int(self.v_neg[i]),
+                  "n_pairs": self.n_pairs}
+        grid = {"k_pos_grid": tuple(int(k) for k in np.unique(self.k_pos)),
+                "k_neg_grid": tuple(int(k) for k in np.unique(self.k_neg))}
+        return counts, grid
+
 
 def one_run_guess_counts(
     *,

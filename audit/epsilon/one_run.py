@@ -194,29 +194,16 @@ def epsilon_one_run_from_scores(
     a_pair = alpha / counts.n_pairs
     eps = one_run_epsilon_bounds(counts.m, counts.r, counts.v, delta, a_pair)
     ceilings = np.asarray(_ceilings(counts.m, tuple(int(x) for x in counts.r), delta, a_pair))
-    best = int(np.lexsort((-counts.v / counts.r, -eps))[0])
-    return EpsilonEstimate(
-        method="one_run",
-        epsilon_lb=float(eps[best]),
-        alpha=alpha,
-        delta=delta,
-        counts={"m": counts.m, "k_pos": int(counts.k_pos[best]), "k_neg": int(counts.k_neg[best]),
-                "r": int(counts.r[best]), "v": int(counts.v[best]), "v_pos": int(counts.v_pos[best]),
-                "v_neg": int(counts.v_neg[best]), "n_pairs": counts.n_pairs},
-        ceiling=float(max(ceilings.max(), eps[best])),
-        extra={"alpha_per_pair": a_pair, "k_pos_grid": _as_ints(np.unique(counts.k_pos)),
-               "k_neg_grid": _as_ints(np.unique(counts.k_neg))},
-    )
+    best = counts.best(eps)
+    chosen, grid = counts.record(best)
+    return EpsilonEstimate(method="one_run", epsilon_lb=float(eps[best]), alpha=alpha, delta=delta, counts=chosen,
+                           ceiling=float(max(ceilings.max(), eps[best])), extra={"alpha_per_pair": a_pair, **grid})
 
 
 @functools.lru_cache(maxsize=128)
 def _ceilings(m: int, r: tuple[int, ...], delta: float, alpha: float) -> tuple[float, ...]:
     """ε_lb with every guess correct (v = r); depends only on the totals, so repeated audits reuse it."""
     return tuple(one_run_epsilon_bounds(m, np.array(r), np.array(r), delta, alpha).tolist())
-
-
-def _as_ints(values: np.ndarray) -> tuple[int, ...]:
-    return tuple(int(x) for x in values)
 
 
 def _check_rv_arrays(m: int, r: np.ndarray, v: np.ndarray) -> None:

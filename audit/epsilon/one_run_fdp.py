@@ -229,13 +229,10 @@ def epsilon_one_run_fdp_from_scores(
     a_pair = alpha / c.n_pairs
     mus = one_run_fdp_mu_bounds(c.m, c.r, c.v, a_pair)
     mu_ceilings = np.asarray(_mu_ceilings(c.m, tuple(int(x) for x in c.r), a_pair))
-    best = int(np.lexsort((-c.v / c.r, -mus))[0])
-    counts = {"m": c.m, "k_pos": int(c.k_pos[best]), "k_neg": int(c.k_neg[best]), "r": int(c.r[best]),
-              "v": int(c.v[best]), "v_pos": int(c.v_pos[best]), "v_neg": int(c.v_neg[best]), "n_pairs": c.n_pairs}
-    extra = {"alpha_per_pair": a_pair, "k_pos_grid": tuple(int(k) for k in np.unique(c.k_pos)),
-             "k_neg_grid": tuple(int(k) for k in np.unique(c.k_neg))}
+    best = c.best(mus)
+    counts, grid = c.record(best)
     return _estimate(m=c.m, mu_lb=float(mus[best]), mu_ceiling=float(mu_ceilings.max()), delta=delta,
-                     alpha=alpha, counts=counts, extra=extra)
+                     alpha=alpha, counts=counts, extra={"alpha_per_pair": a_pair, **grid})
 
 
 def _estimate(*, m: int, mu_lb: float, mu_ceiling: float, delta: float, alpha: float, counts: dict[str, int],
