@@ -15,14 +15,11 @@ from audit.epsilon.runner import run_epsilon
 from training.config import TrainConfig, apply_overrides
 from training.trainer import train
 
-TINY = {
-    "name": "tiny",
-    "data": {"dataset": "digits", "pool_size": 120, "test_size": 40},
-    "model": {"arch": "mlp"},
-    "privacy": {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1e-4},
-    "optim": {"name": "sgd", "lr": 0.5, "momentum": 0.0},
-    "training": {"steps": 4, "batch_size": 16, "physical_batch_size": 32, "progress": False, "log_every": 2},
-}
+from fixtures_runs import TINY_TRAIN
+
+TINY = apply_overrides(TINY_TRAIN, {"data.pool_size": 120, "data.test_size": 40, "optim.momentum": 0.0,
+                                    "training.steps": 4, "training.batch_size": 16, "training.physical_batch_size": 32,
+                                    "training.checkpoint_every": 50})
 
 
 def _run(tmp_path: Path, **over) -> Path:

@@ -20,15 +20,7 @@ from training.pool import draw_membership
 from training.evaluate import accuracy
 from training.trainer import train
 
-TINY = {
-    "name": "tiny",
-    "data": {"dataset": "digits", "pool_size": 240, "test_size": 100},
-    "model": {"arch": "mlp"},
-    "privacy": {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1e-4},
-    "optim": {"name": "sgd", "lr": 0.5, "momentum": 0.9},
-    "training": {"steps": 8, "batch_size": 32, "physical_batch_size": 16, "checkpoint_every": 2,
-                 "progress": False, "log_every": 2},
-}
+from fixtures_runs import TINY_TRAIN as TINY
 
 
 def tiny(tmp_path: Path, **over) -> TrainConfig:
