@@ -25,7 +25,6 @@ import argparse
 import os
 import platform
 import resource
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from attacks.runner import run_attack
 from attacks.config import AttackConfig
 from attacks.registry import attack_names
 from training.config import TrainConfig
-from _common import add_output_args, emit
+from _common import add_output_args, command_line, emit
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LIRA_DEMO = {"lira_online_fixed_var": (0.686, 0.059)}
@@ -87,7 +86,7 @@ def run(args: argparse.Namespace) -> str:
     if not (args.shared / "data" / "cifar10" / "train.npz").is_file():
         sys.exit(f"missing {args.shared}/data/cifar10/train.npz: this benchmark needs ../shared (its MANIFEST.md)")
     sections = [run_one(args, preset) for preset in args.models]
-    cmd = " ".join([".venv/bin/python", "benchmarks/attack_power.py", *map(shlex.quote, sys.argv[1:])])
+    cmd = command_line("attack_power.py")
     head = [
         "# Attack power: every attack against small models on CIFAR-10, 16 reference models",
         "",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 from attacks.runner import run_attack
 from attacks.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
-from _common import add_output_args, emit
+from _common import add_output_args, command_line, emit
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -60,7 +59,7 @@ def _ci(v: list[float] | None, scale: float = 1.0, digits: int = 3) -> str:
 
 def render(args, imported, report, t_import: float, t_attack: float) -> str:
     setup, m = report["setup"], imported.metrics
-    cmd = " ".join([".venv/bin/python", "benchmarks/external_resnet20.py", *map(shlex.quote, sys.argv[1:])])
+    cmd = command_line("external_resnet20.py")
     lines = [
         "# Membership inference against an external CIFAR-10 ResNet-20 (no DP)",
         "",
