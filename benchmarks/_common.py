@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from training.io import write_text
 
-__all__ = ["add_output_args", "emit", "command_line"]
+__all__ = ["add_output_args", "emit", "command_line", "run_script"]
 
 
 def add_output_args(parser: argparse.ArgumentParser, *, seed: bool = True, threads: int | None = None) -> None:
@@ -35,3 +36,11 @@ def emit(text: str, out: str | Path | None) -> None:
 def command_line(script: str) -> str:
     """The command that re-makes a table: this script with the arguments it was given."""
     return shlex.join([".venv/bin/python", f"benchmarks/{script}", *sys.argv[1:]])
+
+
+def run_script(parser: argparse.ArgumentParser, make_table: Callable[[argparse.Namespace], str],
+               argv: list[str] | None = None, *, seed: bool = True, threads: int | None = None) -> None:
+    """A benchmark's ``main``: add the output options, parse ``argv``, make the table, :func:`emit` it."""
+    add_output_args(parser, seed=seed, threads=threads)
+    args = parser.parse_args(argv)
+    emit(make_table(args), args.out)

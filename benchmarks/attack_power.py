@@ -35,7 +35,7 @@ from attacks.runner import run_attack
 from attacks.config import AttackConfig
 from attacks.registry import attack_names
 from training.config import TrainConfig
-from _common import add_output_args, command_line, emit
+from _common import command_line, run_script
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LIRA_DEMO = {"lira_online_fixed_var": (0.686, 0.059)}
@@ -83,6 +83,7 @@ def run_one(args: argparse.Namespace, preset: str) -> str:
 
 def run(args: argparse.Namespace) -> str:
     torch.set_num_threads(args.threads)
+    args.image_size = args.image_size or None
     if not (args.shared / "data" / "cifar10" / "train.npz").is_file():
         sys.exit(f"missing {args.shared}/data/cifar10/train.npz: this benchmark needs ../shared (its MANIFEST.md)")
     sections = [run_one(args, preset) for preset in args.models]
@@ -178,10 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n-reference", type=int, default=16)
     p.add_argument("--n-bootstrap", type=int, default=200)
     p.add_argument("--executor", default="auto", choices=["auto", "batched", "sequential", "process"])
-    add_output_args(p, threads=2)
-    args = p.parse_args(argv)
-    args.image_size = args.image_size or None
-    emit(run(args), args.out)
+    run_script(p, run, argv, threads=2)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from audit.epsilon.sources import gradient_canary_evidence, input_canary_evidenc
 from training.config import TrainConfig
 from training.pool import draw_membership
 from training.run import open_run
-from _common import add_output_args, emit, command_line
+from _common import command_line, run_script
 
 PUBLISHED = "Steinke, Nasr, Jagielski (NeurIPS 2023), white-box, m = 1000 canaries: ε_lb ≈ 1.8 at ε = 4 (0.45)"
 
@@ -208,10 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--guesses", choices=["in", "in_out"], default="in_out")
     parser.add_argument("--ideal-draws", type=int, default=5, help="simulated draws for the estimator-limit table")
     parser.add_argument("--workdir", default="results/benchmarks/audit_tightness")
-    add_output_args(parser)
-    args = parser.parse_args(argv)
-    rows = [run_one(eps, args) for eps in args.epsilons]
-    emit(markdown(rows, args, command_line("audit_tightness.py")), args.out)
+    run_script(parser, lambda args: markdown([run_one(eps, args) for eps in args.epsilons], args,
+                                             command_line("audit_tightness.py")), argv)
 
 
 if __name__ == "__main__":

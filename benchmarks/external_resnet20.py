@@ -26,7 +26,7 @@ import torch
 from attacks.runner import run_attack
 from attacks.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
-from _common import add_output_args, command_line, emit
+from _common import command_line, run_script
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--population", type=int, default=500, help="non-members held out as Attack-P's population")
     p.add_argument("--flip", action=argparse.BooleanOptionalAction, default=True, help="also query the flip")
     p.add_argument("--n-bootstrap", type=int, default=1000)
-    add_output_args(p, threads=2)
-    args = p.parse_args(argv)
-    emit(run(args), args.out)
+    run_script(p, run, argv, threads=2)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from torch import nn
 from training.config import OptimConfig
 from training.dp.batched import train_many
 from training.dp.recipe import TrainRecipe
-from _common import add_output_args, emit
+from _common import run_script
 
 
 class DigitsCNN(nn.Module):
@@ -203,9 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--widths", type=_widths, nargs="+", default=[(8, 16), (16, 32)],
                    help="conv widths C1xC2 of the models to time, e.g. 8x16 16x32")
     p.add_argument("--workers", type=int, default=2)
-    add_output_args(p, threads=1)
-    args = p.parse_args(argv)
-    emit(run(args), args.out)
+    run_script(p, run, argv, threads=1)
 
 
 if __name__ == "__main__":

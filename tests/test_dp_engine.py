@@ -45,6 +45,15 @@ def cnn_batch(n: int, seed: int = 1):
     return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 5, (n,), generator=g)
 
 
+def plain_step(x: torch.Tensor, y: torch.Tensor, make_optimizer) -> nn.Module:
+    """The reference: :func:`tiny_cnn` after one ordinary step of the mean cross-entropy on the whole batch."""
+    ref = tiny_cnn()
+    opt = make_optimizer(ref.parameters())
+    nn.functional.cross_entropy(ref(x), y).backward()
+    opt.step()
+    return ref
+
+
 def zero_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """A loss whose gradient is exactly zero for every example."""
     return (logits * 0.0).sum(dim=1)
@@ -103,10 +112,7 @@ def clip_reference(grads, *, style, C, gamma=0.01):
 @pytest.mark.parametrize("mode", ["hooks", "functorch", "ghost"])
 def test_no_noise_no_clipping_equals_plain_sgd(mode):
     x, y = cnn_batch(8)
-    ref = tiny_cnn()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.3)
-    nn.functional.cross_entropy(ref(x), y).backward()
-    opt.step()
+    ref = plain_step(x, y, lambda params: torch.optim.SGD(params, lr=0.3))
     model = tiny_cnn()
     stats = stepper_for(model, sigma=0.0, C=1e6, mode=mode, B=8.0, lr=0.3, physical=3).step(x, y)
     for p, r in zip(model.parameters(), ref.parameters()):
@@ -225,10 +231,7 @@ def test_empty_poisson_batch_takes_a_noise_only_step(mode):
 
 def test_non_dp_step_is_the_mean_gradient_step_over_chunks():
     x, y = cnn_batch(9)
-    ref = tiny_cnn()
-    opt = torch.optim.Adam(ref.parameters(), lr=0.01)
-    nn.functional.cross_entropy(ref(x), y).backward()
-    opt.step()
+    ref = plain_step(x, y, lambda params: torch.optim.Adam(params, lr=0.01))
     model = tiny_cnn()
     st = stepper_for(model, enabled=False, physical=2, optim=OptimConfig(name="adam", lr=0.01))
     stats = st.step(x, y)
