@@ -14,7 +14,7 @@ from pathlib import Path
 
 from training.io import write_text
 
-__all__ = ["add_output_args", "emit", "command_line", "run_script"]
+__all__ = ["add_output_args", "emit", "command_line", "remake_section", "run_script"]
 
 
 def add_output_args(parser: argparse.ArgumentParser, *, seed: bool = True, threads: int | None = None) -> None:
@@ -36,6 +36,11 @@ def emit(text: str, out: str | Path | None) -> None:
 def command_line(script: str) -> str:
     """The command that re-makes a table: this script with the arguments it was given."""
     return shlex.join([".venv/bin/python", f"benchmarks/{script}", *sys.argv[1:]])
+
+
+def remake_section(script: str) -> list[str]:
+    """Markdown lines of a "Re-make" section: the command (:func:`command_line`) that re-makes the table."""
+    return ["## Re-make", "", "```", command_line(script), "```", ""]
 
 
 def run_script(parser: argparse.ArgumentParser, make_table: Callable[[argparse.Namespace], str],

@@ -35,7 +35,7 @@ from attacks.runner import run_attack
 from attacks.config import AttackConfig
 from attacks.registry import attack_names
 from training.config import TrainConfig
-from _common import command_line, run_script
+from _common import remake_section, run_script
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LIRA_DEMO = {"lira_online_fixed_var": (0.686, 0.059)}
@@ -87,7 +87,6 @@ def run(args: argparse.Namespace) -> str:
     if not (args.shared / "data" / "cifar10" / "train.npz").is_file():
         sys.exit(f"missing {args.shared}/data/cifar10/train.npz: this benchmark needs ../shared (its MANIFEST.md)")
     sections = [run_one(args, preset) for preset in args.models]
-    cmd = command_line("attack_power.py")
     head = [
         "# Attack power: every attack against small models on CIFAR-10, 16 reference models",
         "",
@@ -105,7 +104,7 @@ def run(args: argparse.Namespace) -> str:
         "reference, not a number to match.",
         "",
     ]
-    tail = ["## Re-make", "", "```", cmd, "```", ""]
+    tail = remake_section("attack_power.py")
     return "\n".join(head + sections + tail)
 
 

@@ -26,7 +26,7 @@ import torch
 from attacks.runner import run_attack
 from attacks.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
-from _common import command_line, run_script
+from _common import remake_section, run_script
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -59,7 +59,6 @@ def _ci(v: list[float] | None, scale: float = 1.0, digits: int = 3) -> str:
 
 def render(args, imported, report, t_import: float, t_attack: float) -> str:
     setup, m = report["setup"], imported.metrics
-    cmd = command_line("external_resnet20.py")
     lines = [
         "# Membership inference against an external CIFAR-10 ResNet-20 (no DP)",
         "",
@@ -99,12 +98,7 @@ def render(args, imported, report, t_import: float, t_attack: float) -> str:
         f"torch threads; {os.cpu_count()} cores visible, shared with other jobs). "
         f"torch {torch.__version__}, Python {platform.python_version()}.",
         "",
-        "## Re-make",
-        "",
-        "```",
-        cmd,
-        "```",
-        "",
+        *remake_section("external_resnet20.py"),
         "or, with the CLI:",
         "",
         "```",

@@ -19,8 +19,6 @@ import functools
 import os
 import platform
 import resource
-import shlex
-import sys
 import time
 
 import numpy as np
@@ -30,7 +28,7 @@ from torch import nn
 from training.config import OptimConfig
 from training.dp.batched import train_many
 from training.dp.recipe import TrainRecipe
-from _common import run_script
+from _common import remake_section, run_script
 
 
 class DigitsCNN(nn.Module):
@@ -136,7 +134,6 @@ def run_width(args, x, y, c1, c2, rows, checks) -> None:
 
 
 def render(args, rows, checks, load_start, load_end) -> str:
-    cmd = " ".join([".venv/bin/python", "benchmarks/shadow_throughput.py", *map(shlex.quote, sys.argv[1:])])
     cpu_name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -178,12 +175,7 @@ def render(args, rows, checks, load_start, load_end) -> str:
         f"- 1-minute load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f} (a load above the core "
         "count means other jobs shared the cores: wall times are then noisy; CPU time is the steadier measure)",
         "",
-        "## Re-make",
-        "",
-        "```",
-        cmd,
-        "```",
-        "",
+        *remake_section("shadow_throughput.py"),
     ]
     return "\n".join(lines)
 
