@@ -32,8 +32,15 @@ __all__ = [
 CIMethod = Literal["wilson", "clopper_pearson"]
 
 
+class Record:
+    """A frozen dataclass of plain values whose :meth:`to_dict` is its JSON form (``dataclasses.asdict``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True, kw_only=True)
-class AccuracyEstimate:
+class AccuracyEstimate(Record):
     """A test accuracy with its two-sided confidence interval.
 
     Attributes:
@@ -52,9 +59,6 @@ class AccuracyEstimate:
     ci_high: float
     confidence: float
     method: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def binomial_ci(successes: int, trials: int, *, confidence: float = 0.95,

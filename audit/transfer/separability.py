@@ -31,12 +31,12 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from audit.transfer.metrics import check_features, check_labels
+from audit.transfer.metrics import Record, check_features, check_labels
 
 __all__ = [
     "scatter_matrices",
@@ -172,7 +172,7 @@ def least_squares_residual(features: np.ndarray, labels: np.ndarray) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GeometricDecay:
+class GeometricDecay(Record):
     """Fit of ``log v_l = intercept + l * log(rho)`` over layers ``l = 0, 1, ..., n_layers - 1``.
 
     Attributes:
@@ -186,9 +186,6 @@ class GeometricDecay:
     intercept: float
     r_squared: float
     n_layers: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def fit_geometric_decay(values: Sequence[float]) -> GeometricDecay:
@@ -222,7 +219,7 @@ def fit_geometric_decay(values: Sequence[float]) -> GeometricDecay:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerSeparation:
+class LayerSeparation(Record):
     """Separation measures of one layer's pooled features."""
 
     layer: str
@@ -230,9 +227,6 @@ class LayerSeparation:
     fuzziness: float
     fisher: float
     residual: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def separation_profile(features_by_layer: Mapping[str, np.ndarray], labels: np.ndarray,
