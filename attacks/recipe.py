@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from training.config import ModelConfig, TrainConfig
+from training.config import ModelConfig, OptimConfig, TrainConfig  # noqa: F401 (OptimConfig: the doctest)
 from training.dp.batched.engine import check_model
 from training.dp.recipe import TrainRecipe
 from training.errors import ConfigError, UserError
