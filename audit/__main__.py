@@ -2,4 +2,5 @@
 
 from audit.cli import main
 
-main(prog_name="audit")
+if __name__ == "__main__":
+    main(prog_name="audit")
