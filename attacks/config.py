@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from attacks.ray_farm import RayOptions
 from attacks.registry import attack_names, needs_reference
 from attacks.signals import AugmentationSpec
 from training.config import Strict
@@ -25,7 +26,8 @@ from training.io import sha256_bytes
 __all__ = ["AttackConfig", "EXECUTION_ONLY", "reference_free_attacks", "fit_to_run"]
 
 #: settings that change how fast results come, not what they are: left out of :meth:`AttackConfig.sha256`
-EXECUTION_ONLY = ("executor", "workers", "device", "signal_batch_size", "max_models_per_batch")
+EXECUTION_ONLY = ("executor", "workers", "device", "signal_batch_size", "max_models_per_batch", "ray_address",
+                  "ray_cpus_per_task", "ray_gpus_per_task", "ray_max_retries")
 
 
 class AttackConfig(Strict):
@@ -35,8 +37,16 @@ class AttackConfig(Strict):
     attacks: tuple[str, ...] = Field(default_factory=attack_names, description="attacks to run (registry names)")
     flip: bool = Field(True, description="query the horizontal flip too")
     shifts: int = Field(0, ge=0, description="query +-k pixel shifts")
-    executor: Literal["auto", "batched", "sequential", "process"] = "auto"
-    workers: int = Field(1, ge=1)
+    executor: Literal["auto", "batched", "sequential", "ray"] = Field(
+        "auto", description="how reference models train: auto (batched when the recipe allows, else sequential), "
+                            "batched, sequential, or ray (tasks on a local Ray or a cluster)")
+    workers: int | None = Field(None, ge=1, description="ray executor with a local Ray: CPUs it may use "
+                                                        "(None: all cores)")
+    ray_address: str | None = Field(None, description="ray executor: 'auto' (this machine's cluster), "
+                                                      "'ray://host:port', or None (a local Ray started in-process)")
+    ray_cpus_per_task: float = Field(1.0, gt=0, description="ray executor: CPUs each task asks for")
+    ray_gpus_per_task: float = Field(0.0, ge=0, description="ray executor: GPUs each task asks for")
+    ray_max_retries: int = Field(3, ge=0, description="ray executor: re-runs of a failed or killed task")
     population: int = Field(500, ge=0, description="population samples z for RMIA (from the test split)")
     evaluation: Literal["target", "leave_one_out", "both"] = "target"
     n_bootstrap: int = Field(200, ge=0)
@@ -55,7 +65,17 @@ class AttackConfig(Strict):
         unknown = [a for a in self.attacks if a not in valid]
         if unknown:
             raise ValueError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(valid)}")
+        try:
+            self.ray_options()
+        except ValueError as exc:
+            raise ValueError(f"attack.ray_*: {exc}") from None
         return self
+
+    def ray_options(self) -> RayOptions:
+        """The Ray settings of the ``ray`` executor."""
+        return RayOptions(address=self.ray_address, cpus_per_task=float(self.ray_cpus_per_task),
+                          gpus_per_task=float(self.ray_gpus_per_task), max_retries=int(self.ray_max_retries),
+                          local_cpus=self.workers)
 
     @property
     def augmentations(self) -> AugmentationSpec:

@@ -162,7 +162,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
     shadows: ShadowSet | None = None
     if settings.needs_references:
         shadows = prepare_shadows(target=target, n_models=settings.n_reference, seed=settings.seed,
-                                  executor=settings.executor, workers=settings.workers, device=device,
+                                  executor=settings.executor, ray=settings.ray_options(), device=device,
                                   max_models_per_batch=settings.max_models_per_batch, retrain=retrain_shadows,
                                   log=say)
     phi = load_or_compute_signals(target=target, shadows=shadows, spec=settings.augmentations,

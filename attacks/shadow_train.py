@@ -1,4 +1,4 @@
-"""Train reference (shadow) models with a target's recipe: batched, sequential, or in a process pool.
+"""Train reference (shadow) models with a target's recipe: batched, sequential, or as tasks on Ray.
 
 Executors:
 
@@ -6,8 +6,9 @@ Executors:
   parameters, per-model data masks, per-model DP-SGD clipping and noise). Only for recipes that
   :func:`attacks.recipe.batched_unsupported` accepts (small models, flat clipping, one phase).
 - ``sequential``: :func:`training.trainer.train` once per model, with ``membership=keep[k]``.
-- ``process``: the same trainer calls spread over ``workers`` spawned processes.
-- ``auto``: batched when the recipe allows it, else process (``workers > 1``) or sequential.
+- ``ray``: tasks on a local or remote Ray (:mod:`attacks.shadow_ray`): each task trains a batch of models
+  (when batched can follow the recipe) or one model with the trainer, and moves its finished ``<k>/`` into place.
+- ``auto``: batched when the recipe allows it, else sequential.
 
 Every model becomes a normal run directory (weights, ``manifest.json``, ``membership.npy``, ``config.yaml``,
 ``metrics.json``): the regular trainer writes its own; for batched models :func:`write_batched_run` writes the
@@ -16,11 +17,8 @@ same files with the same manifest schema.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,12 +39,12 @@ from training.run.write import write_membership, write_weights
 
 __all__ = ["Executor", "resolve_executor", "train_shadow_models", "write_batched_run"]
 
-Executor = Literal["auto", "batched", "sequential", "process"]
-EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "process")
+Executor = Literal["auto", "batched", "sequential", "ray"]
+EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "ray")
 
 
-def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int, input_shape: tuple[int, int, int],
-                     workers: int) -> str:
+def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int,
+                     input_shape: tuple[int, int, int]) -> str:
     """The executor that will train the models (``auto`` resolved).
 
     Raises:
@@ -55,15 +53,13 @@ def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int, 
     """
     if requested not in EXECUTORS:
         raise ConfigError(f"attack.executor must be one of {', '.join(EXECUTORS)}; got {requested!r}")
-    if requested in ("sequential", "process"):
+    if requested in ("sequential", "ray"):
         return requested
     reason = batched_unsupported(recipe, num_classes=num_classes, input_shape=input_shape)
     if requested == "batched" and reason is not None:
         raise ConfigError(f"attack.executor=batched cannot train these reference models: {reason}; "
-                          f"use --executor sequential or process")
-    if reason is None:
-        return "batched"
-    return "process" if workers > 1 else "sequential"
+                          f"use --executor sequential or ray")
+    return "batched" if reason is None else "sequential"
 
 
 def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, state: dict[str, torch.Tensor],
@@ -119,8 +115,8 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
 
 
 def _train_batched(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,
-                   seeds: Sequence[int], todo: Sequence[int], root: Path, target_name: str, device: torch.device,
-                   workers: int, max_models_per_batch: int | None) -> None:
+                   seeds: Sequence[int], todo: Sequence[int], root: Path, out: Path, target_name: str,
+                   device: torch.device, max_models_per_batch: int | None) -> None:
     from training.dp.batched import train_many
 
     cfg = recipe.config
@@ -129,20 +125,18 @@ def _train_batched(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | Non
     states = train_many(
         model_factory=factory, x=to_float_tensor(pool.x), y=torch.as_tensor(np.array(pool.y), dtype=torch.int64),
         masks=keep[list(todo)], seeds=[seeds[k] for k in todo], recipe=recipe.train, device=device,
-        executor="auto", workers=workers, max_models_per_batch=max_models_per_batch)
+        executor="auto", max_models_per_batch=max_models_per_batch)
     share = (time.perf_counter() - t0) / max(1, len(todo))
     for k, state in zip(todo, states):
         scfg = shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
-        write_batched_run(root / str(k), cfg=scfg, recipe=recipe, state=state, mask=keep[k], pool=pool, test=test,
+        write_batched_run(out / str(k), cfg=scfg, recipe=recipe, state=state, mask=keep[k], pool=pool, test=test,
                           target_name=target_name, wall_seconds=share, device=device)
 
 
 def _train_with_trainer(task: dict[str, Any]) -> str:
-    """Train one reference model with the regular trainer (top-level: the process pool pickles it)."""
+    """Train one reference model with the regular trainer (resuming its directory's saved state, if any)."""
     from training.trainer import train
 
-    if task.get("threads"):
-        torch.set_num_threads(int(task["threads"]))  # only in our own worker processes
     cfg = TrainConfig.model_validate(task["config"])
     train(cfg, run_dir=task["run_dir"], membership=np.asarray(task["mask"], dtype=bool), progress=False,
           resume=True, command=task["command"], trust_code=bool(task.get("trust_code", False)))
@@ -151,8 +145,9 @@ def _train_with_trainer(task: dict[str, Any]) -> str:
 
 def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,
                         seeds: Sequence[int], todo: Sequence[int], root: Path, target_name: str, executor: str,
-                        workers: int = 1, device: torch.device | str = "cpu", max_models_per_batch: int | None = None,
-                        on_done: Callable[[int], None] | None = None, trust_code: bool = False) -> None:
+                        device: torch.device | str = "cpu", max_models_per_batch: int | None = None,
+                        on_done: Callable[[int], None] | None = None, trust_code: bool = False,
+                        staging: Path | None = None, ray: Any = None, show_progress: bool = False) -> None:
     """Train the reference models ``todo`` (indices into ``keep``/``seeds``) into ``root/<k>/``.
 
     Args:
@@ -163,40 +158,46 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
         todo: which models to train.
         root: the shadow directory; model k goes to ``root/str(k)``.
         target_name: the target run's name (recorded in each model's manifest).
-        executor: ``batched``, ``sequential`` or ``process`` (resolve ``auto`` first).
-        workers: processes for ``process`` (and for batched chunks that do not fit in memory).
-        device: where to train.
-        max_models_per_batch: most models stacked in one batched step (None: as many as fit).
-        on_done: called with the number of models finished after each one (sequential/process) or at the end.
+        executor: ``batched``, ``sequential`` or ``ray`` (resolve ``auto`` first).
+        device: where to train (``ray``: each task trains on the GPU Ray gave it, else on CPU).
+        max_models_per_batch: most models stacked in one batched step (None: as many as fit; ``ray``: models
+            per task, None: the models spread evenly over the cluster's task slots).
+        on_done: called with the number of models finished after each one (sequential, ray) or at the end.
         trust_code: let the regular trainer import an import-path ``model.arch`` of the recipe (the batched
             trainer takes registered architectures only, so it never imports anything).
+        staging: write model k to ``staging/<k>`` instead of ``root/<k>`` (the Ray tasks' private directories,
+            moved into place once complete); configs still name ``root``.
+        ray: :class:`attacks.ray_farm.RayOptions` for ``ray`` (None: a local Ray on all cores).
+        show_progress: ``ray``: a progress bar over the tasks.
     """
     todo = list(todo)
     if not todo:
         return
+    out = root if staging is None else staging
+    if executor == "ray":
+        from attacks.ray_farm import RayOptions
+        from attacks.shadow_ray import train_on_ray
+
+        kind = "batched" if batched_unsupported(recipe, num_classes=len(pool.classes),
+                                                input_shape=(3, *pool.x.shape[1:3])) is None else "sequential"
+        train_on_ray(recipe=recipe, pool=pool, test=test, keep=keep, seeds=seeds, todo=todo, root=root,
+                     target_name=target_name, kind=kind, options=ray or RayOptions(),
+                     models_per_task=max_models_per_batch, trust_code=trust_code, on_done=on_done,
+                     show_progress=show_progress)
+        return
     device = torch.device(device)
     if executor == "batched":
-        _train_batched(recipe=recipe, pool=pool, test=test, keep=keep, seeds=seeds, todo=todo, root=root,
-                       target_name=target_name, device=device, workers=workers,
-                       max_models_per_batch=max_models_per_batch)
+        _train_batched(recipe=recipe, pool=pool, test=test, keep=keep, seeds=seeds, todo=todo, root=root, out=out,
+                       target_name=target_name, device=device, max_models_per_batch=max_models_per_batch)
         if on_done is not None:
             on_done(len(todo))
         return
-    if executor not in ("sequential", "process"):
-        raise ValueError(f"executor must be 'batched', 'sequential' or 'process'; got {executor!r}")
-    tasks = [{"config": shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
-              .model_dump(mode="json"), "run_dir": str(root / str(k)), "mask": keep[k].tolist(),
-              "command": f"audit attack (reference model of {target_name}, {executor})", "trust_code": trust_code}
-             for k in todo]
-    if executor == "sequential" or workers <= 1 or len(tasks) == 1:
-        for i, task in enumerate(tasks, 1):
-            _train_with_trainer(task)
-            if on_done is not None:
-                on_done(i)
-        return
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool_ex:
-        for i, _ in enumerate(pool_ex.map(_train_with_trainer, [{**t, "threads": threads} for t in tasks]), 1):
-            if on_done is not None:
-                on_done(i)
+    if executor != "sequential":
+        raise ValueError(f"executor must be 'batched', 'sequential' or 'ray'; got {executor!r}")
+    for i, k in enumerate(todo, 1):
+        cfg = shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
+        _train_with_trainer({"config": cfg.model_dump(mode="json"), "run_dir": str(out / str(k)),
+                             "mask": keep[k].tolist(), "trust_code": trust_code,
+                             "command": f"audit attack (reference model of {target_name}, {executor})"})
+        if on_done is not None:
+            on_done(i)

@@ -196,17 +196,17 @@ def _new_index(expected: dict[str, Any], seeds: list[int], keep_sha: str, recipe
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, executor: str = "auto", workers: int = 1,
-                    device: str = "auto", max_models_per_batch: int | None = None, retrain: bool = False,
-                    log: Any = None) -> ShadowSet:
+def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, executor: str = "auto",
+                    ray: Any = None, device: str = "auto", max_models_per_batch: int | None = None,
+                    retrain: bool = False, log: Any = None) -> ShadowSet:
     """Re-use or train the K reference models of ``target`` under ``<run>/shadows``.
 
     Args:
         target: the verified target (it must carry its recipe, ``config.yaml``).
         n_models: K, even and ``>= 2``.
         seed: draws the keep masks and each model's seed.
-        executor: ``auto``, ``batched``, ``sequential`` or ``process`` (see :mod:`attacks.shadow_train`).
-        workers: processes for ``process``.
+        executor: ``auto``, ``batched``, ``sequential`` or ``ray`` (see :mod:`attacks.shadow_train`).
+        ray: :class:`attacks.ray_farm.RayOptions` for ``ray`` (None: a local Ray on all cores).
         device: ``auto``, ``cpu`` or ``cuda``.
         max_models_per_batch: most models per batched step (None: as many as fit in memory).
         retrain: delete any existing reference models first.
@@ -252,15 +252,15 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
     if todo:
         index = {**index, "models": [{"dir": str(k)} if k in todo else m for k, m in enumerate(index["models"])]}
         shape = tuple(target.pool.input_shape)
-        chosen = resolve_executor(executor, recipe=recipe, num_classes=len(target.pool.classes), input_shape=shape,
-                                  workers=workers)
+        chosen = resolve_executor(executor, recipe=recipe, num_classes=len(target.pool.classes), input_shape=shape)
         say(f"training {len(todo)} of {n_models} reference models ({chosen}, {recipe.steps} steps each)")
         t0 = time.perf_counter()
         train_shadow_models(recipe=recipe, pool=target.pool, test=target.population, keep=keep,
                             seeds=index["seeds"], todo=todo, root=root, target_name=target.manifest.run_name,
-                            executor=chosen, workers=workers, device=resolve_device(device),
+                            executor=chosen, ray=ray, device=resolve_device(device),
                             max_models_per_batch=max_models_per_batch, trust_code=target.code.trust_code,
-                            on_done=lambda i: say(f"reference models trained: {i}/{len(todo)}"))
+                            on_done=lambda i: say(f"reference models trained: {i}/{len(todo)}"),
+                            show_progress=log is not None)
         for k in todo:
             runs[k] = _verify_model(root, k, keep[k], index, target.pool_fingerprint, trust_code=target.trust_code)
         models = [{"dir": str(k), "weights_sha256": runs[k].manifest.model.weights_sha256} for k in range(n_models)]

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=None, help="override the preset's Adam learning rate")
     p.add_argument("--n-reference", type=int, default=16)
     p.add_argument("--n-bootstrap", type=int, default=200)
-    p.add_argument("--executor", default="auto", choices=["auto", "batched", "sequential", "process"])
+    p.add_argument("--executor", default="auto", choices=["auto", "batched", "sequential", "ray"])
     run_script(p, run, argv, threads=2)
 
 

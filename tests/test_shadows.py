@@ -129,14 +129,16 @@ def test_executor_resolution(tmp_path: Path) -> None:
     shape = (3, 8, 8)
     ok = shadow_recipe(config=tiny_config(tmp_path), manifest=_manifest(dp=False, sigma=None, q=0.3, steps=5))
     assert batched_unsupported(ok, num_classes=4, input_shape=shape) is None
-    assert resolve_executor("auto", recipe=ok, num_classes=4, input_shape=shape, workers=1) == "batched"
+    assert resolve_executor("auto", recipe=ok, num_classes=4, input_shape=shape) == "batched"
     bn = TrainConfig.model_validate({**tiny_config(tmp_path).model_dump(), "model": {"arch": "resnet20_cifar",
                                                                                       "fix_batchnorm": False}})
     rec = shadow_recipe(config=bn, manifest=_manifest(dp=False, sigma=None, q=0.3, steps=5))
-    assert resolve_executor("auto", recipe=rec, num_classes=4, input_shape=shape, workers=1) == "sequential"
-    assert resolve_executor("auto", recipe=rec, num_classes=4, input_shape=shape, workers=3) == "process"
+    assert resolve_executor("auto", recipe=rec, num_classes=4, input_shape=shape) == "sequential"
+    assert resolve_executor("ray", recipe=rec, num_classes=4, input_shape=shape) == "ray"
+    with pytest.raises(ConfigError, match="attack.executor must be one of"):
+        resolve_executor("process", recipe=rec, num_classes=4, input_shape=shape)
     with pytest.raises(ConfigError, match="batched cannot train"):
-        resolve_executor("batched", recipe=rec, num_classes=4, input_shape=shape, workers=1)
+        resolve_executor("batched", recipe=rec, num_classes=4, input_shape=shape)
 
 
 def test_batched_dp_shadows_record_the_targets_sigma(tmp_path: Path) -> None:

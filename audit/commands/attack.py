@@ -43,23 +43,30 @@ def _print_table(result: Any) -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override an attack setting, e.g. --set attack.n_reference=16 (repeatable)")
 @click.option("--retrain-shadows", is_flag=True, help="delete the reference models under RUN/shadows and retrain")
-@click.option("--executor", type=click.Choice(["auto", "batched", "sequential", "process"]), default=None,
+@click.option("--executor", type=click.Choice(["auto", "batched", "sequential", "ray"]), default=None,
               help="how reference models train (default: attack.executor)")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="processes for --executor process")
+@click.option("--ray-address", default=None, metavar="auto|ray://HOST:PORT",
+              help="train reference models as tasks on this Ray cluster (implies --executor ray); without it "
+                   "--executor ray starts a local Ray")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="CPUs of the local Ray of --executor ray (default: all cores)")
 @click.option("--no-progress", is_flag=True, help="no progress messages")
 @click.option("--trust-code", is_flag=True,
               help="allow the run directory to name code to import (model.arch 'package.module:factory'); "
                    "only if you trust who made it (recorded in the results)")
 def command(run: str, config_path: str | None, variant: str | None, overrides: tuple[str, ...],
-            retrain_shadows: bool, executor: str | None, workers: int | None, no_progress: bool,
+            retrain_shadows: bool, executor: str | None, ray_address: str | None, workers: int | None,
+            no_progress: bool,
             trust_code: bool) -> None:
     """Attack the run in RUN (LOSS, Attack-P, LiRA, RMIA, ...) and write RUN/attack.json and RUN/scores.npz."""
     from attacks.config import fit_to_run
     from attacks.runner import run_attack
     from training.run import has_recipe
 
-    extra = [f"attack.executor={executor}"] * (executor is not None) + [f"attack.workers={workers}"] * (
-        workers is not None)
+    if ray_address is not None and executor is None:
+        executor = "ray"
+    extra = ([f"attack.executor={executor}"] * (executor is not None) + [f"attack.workers={workers}"] * (
+        workers is not None) + [f"attack.ray_address={ray_address}"] * (ray_address is not None))
     config = resolve_attack_config(run_dir=run, config_path=config_path, variant=variant,
                                    overrides=tuple(overrides) + tuple(extra))
     config, note = fit_to_run(config, has_recipe=has_recipe(run),

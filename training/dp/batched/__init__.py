@@ -27,12 +27,8 @@ the Opacus engine takes (flat clipping only).
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
-import pickle
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -46,7 +42,7 @@ from training.errors import DataError
 
 __all__ = ["train_many", "train_one", "fits_batched", "batched_memory_bytes", "TrainRecipe", "BatchedTrainer"]
 
-Executor = Literal["auto", "batched", "sequential", "process"]
+Executor = Literal["auto", "batched", "sequential"]
 _BYTES = 4
 
 
@@ -153,49 +149,13 @@ def _run_sequential(factory: Callable[[], nn.Module], x: Tensor, y: Tensor, mask
             for m, s in zip(masks, seeds)]
 
 
-def _picklable(obj: object) -> bool:
-    try:
-        pickle.dumps(obj)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return False
-    return True
-
-
-def _worker(task: dict[str, Any]) -> list[dict[str, np.ndarray]]:
-    """Process-pool task: train a group of models on CPU-transported arrays; return numpy state dicts."""
-    torch.set_num_threads(task["threads"])
-    x, y = torch.from_numpy(task["x"]), torch.from_numpy(task["y"])
-    args = (task["factory"], x, y, task["masks"], task["seeds"], task["recipe"], torch.device(task["device"]))
-    if task["inner"] == "batched":
-        sds = _run_batched(*args, chunk=task["chunk"])
-    else:
-        sds = _run_sequential(*args)
-    return [{n: v.numpy() for n, v in sd.items()} for sd in sds]
-
-
-def _run_process(factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: np.ndarray, seeds: list[int],
-                 recipe: TrainRecipe, device: torch.device, *, workers: int, chunk: int, inner: str,
-                 threads: int) -> list[dict[str, Tensor]]:
-    groups = np.array_split(np.arange(len(seeds)), max(workers, math.ceil(len(seeds) / chunk)))
-    xs, ys = x.detach().cpu().numpy(), y.detach().cpu().numpy()
-    tasks = [dict(factory=factory, x=xs, y=ys, masks=masks[g], seeds=[seeds[i] for i in g], recipe=recipe,
-                  device=str(device), inner=inner, chunk=chunk, threads=threads) for g in groups if len(g)]
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
-        results = list(pool.map(_worker, tasks))
-    return [{n: torch.from_numpy(v) for n, v in sd.items()} for group in results for sd in group]
-
-
 def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, masks: Tensor | np.ndarray,
                seeds: Sequence[int], recipe: TrainRecipe, device: torch.device | str = "cpu",
-               executor: Executor = "auto", workers: int = 2, max_models_per_batch: int | None = None,
-               process_inner: Literal["batched", "sequential"] = "batched",
-               threads_per_worker: int = 1) -> list[dict[str, Tensor]]:
+               executor: Executor = "auto", max_models_per_batch: int | None = None) -> list[dict[str, Tensor]]:
     """Train K models of one architecture, model k on the pool examples ``masks[k]`` with seed ``seeds[k]``.
 
     Args:
         model_factory: builds one fresh model (no BatchNorm, no dropout); called under a per-seed RNG.
-            Must be picklable (a module-level function or ``functools.partial``) for ``executor="process"``.
         x: float pool (N, C, H, W) in [0, 1].
         y: int64 labels (N,).
         masks: bool (K, N) membership; model k trains only on ``masks[k]``.
@@ -204,14 +164,10 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
             ``recipe.batch_size / masks[k].sum()``.
         device: where to train.
         executor: "batched" (vmap over models, in chunks of ``max_models_per_batch``), "sequential"
-            (:func:`train_one` per model), "process" (a spawn-context process pool of ``workers`` processes,
-            each training its share with ``process_inner`` on ``threads_per_worker`` torch threads) or "auto"
-            (batched when at least two models fit in memory by :func:`fits_batched`, else process on a
-            multi-worker CPU, else sequential).
-        workers: process-pool size for "process".
+            (:func:`train_one` per model) or "auto" (batched when at least two models fit in memory by
+            :func:`fits_batched`, else sequential). Spreading models over processes or machines is the
+            ``ray`` executor of :mod:`attacks.shadow_ray`, whose tasks call this function.
         max_models_per_batch: most models stacked at once (None: all K, or as many as fit for "auto").
-        process_inner: how each process trains its models.
-        threads_per_worker: torch threads in each worker process.
 
     Returns:
         K state dicts on CPU, in mask order, with the names of ``model_factory().state_dict()``.
@@ -226,13 +182,8 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
     check_recipe(recipe)
     m = _as_masks(masks, len(x))
     seeds = _as_seeds(seeds, len(m))
-    if executor not in ("auto", "batched", "sequential", "process"):
-        raise ValueError(f"executor must be 'auto', 'batched', 'sequential' or 'process', got {executor!r}")
-    if process_inner not in ("batched", "sequential"):
-        raise ValueError(f"process_inner must be 'batched' or 'sequential', got {process_inner!r}")
-    for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if executor not in ("auto", "batched", "sequential"):
+        raise ValueError(f"executor must be 'auto', 'batched' or 'sequential', got {executor!r}")
     if max_models_per_batch is not None and (not isinstance(max_models_per_batch, int) or max_models_per_batch < 1):
         raise ValueError(f"max_models_per_batch must be an integer >= 1 or None, got {max_models_per_batch!r}")
     device = torch.device(device)
@@ -244,21 +195,10 @@ def train_many(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, 
         per_model = batched_memory_bytes(probe, 1, min(recipe.physical_batch_size, 2 * recipe.batch_size),
                                          input_shape=tuple(x.shape[1:]))
         chunk = max(1, min(chunk, _memory_budget(device) // max(per_model, 1)))
-        if chunk >= 2 or len(seeds) == 1:
-            executor = "batched"
-        elif workers > 1 and device.type == "cpu" and _picklable((model_factory, recipe)):
-            executor = "process"
-        else:
-            executor = "sequential"
-    if executor == "process" and not _picklable((model_factory, recipe)):
-        raise ValueError("executor='process' needs a picklable model_factory (a module-level function or "
-                         "functools.partial, not a lambda or local function)")
+        executor = "batched" if chunk >= 2 or len(seeds) == 1 else "sequential"
     if executor == "batched":
         return _run_batched(model_factory, x, y, m, seeds, recipe, device, chunk)
-    if executor == "sequential":
-        return _run_sequential(model_factory, x, y, m, seeds, recipe, device)
-    return _run_process(model_factory, x, y, m, seeds, recipe, device, workers=workers, chunk=chunk,
-                        inner=process_inner, threads=threads_per_worker)
+    return _run_sequential(model_factory, x, y, m, seeds, recipe, device)
 
 
 def train_one(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor, mask: Tensor | np.ndarray, seed: int,
