@@ -1,4 +1,5 @@
-"""``python -m audit ...``: the same CLI as the ``audit`` command."""
+"""``python -m audit ...`` (and ``torchrun --nproc-per-node N -m audit train CONFIG``): the same CLI as the
+``audit`` command."""
 
 from audit.cli import main
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
 import sys
 
 import click
@@ -24,7 +25,8 @@ class AuditGroup(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
+            if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: rank 0 says so once
+                click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo(f"interrupted: outputs written so far are complete; {resume_hint(ctx.invoked_subcommand)}",

@@ -36,6 +36,8 @@ from training.errors import TrainingDiverged
 from training.dp.engine import Stepper, StepStats, make_stepper
 from training.dp.optim import trainable_names
 from training.dp.rng import seed_noise
+from training.dp.sampling import ShardedSampler
+from training.distributed import SINGLE, World, broadcast_object
 from training.evaluate import accuracy
 from training.hessian import HessianMonitor
 from training.io import save_safetensors
@@ -87,6 +89,8 @@ class RunContext:
         recipe_state: the recipe's own resumable state (JSON-like values only).
         on_step: called after every step with ``(global step, phase name, stats, model)`` (the model still
             carries Opacus's hooks: read it under ``torch.no_grad()``), or None.
+        world: the ranks training together (:mod:`training.distributed`); each takes its share of every
+            logical batch. Ranks other than 0 get ``run_dir=None`` and no logger: they write nothing.
     """
 
     run_dir: Path | None
@@ -111,6 +115,7 @@ class RunContext:
     recipe_state: dict[str, Any] = field(default_factory=dict)
     curve: RdpCurve | None = None
     on_step: Callable[[int, str, StepStats, nn.Module], None] | None = None
+    world: World = SINGLE
 
     def stopped(self) -> bool:
         """True when a simulated interrupt (``stop_after``) is due."""
@@ -194,10 +199,15 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
     if write_init and start == 0 and ctx.run_dir is not None:
         save_safetensors(ctx.run_dir / INIT_WEIGHTS_FILE, model.state_dict())  # θ_0 of the white-box audit
     generator = torch.Generator(device=ctx.device)
+    if ctx.world.distributed:
+        from opacus.distributed import DifferentiallyPrivateDistributedDataParallel
+
+        DifferentiallyPrivateDistributedDataParallel(model.to(ctx.device))  # broadcasts rank 0's parameters
     stepper = make_stepper(
         model=model, recipe=spec.train_recipe(physical_batch_size=ctx.physical_batch_size),
         sample_rate=spec.sample_rate, generator=generator, device=ctx.device,
-        gradient_canaries=ctx.canaries if spec.dp else None, _debug_disable_noise=ctx.debug_disable_noise and spec.dp)
+        gradient_canaries=ctx.canaries if spec.dp else None, world=ctx.world,
+        _debug_disable_noise=ctx.debug_disable_noise and spec.dp)
     if stepper_state is not None:
         stepper.load_state_dict(stepper_state)
     elif previous is not None and spec.carry != "none":
@@ -210,6 +220,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
             ctx.logger.scalar(f"hessian/{k}", v, 0)
         ctx.history.append({"step": 0, "phase": spec.name, **hess})
     sampler = spec.sampler()
+    if ctx.world.distributed:
+        sampler = ShardedSampler(sampler, rank=ctx.world.rank, world_size=ctx.world.size)
     record: dict[str, Any] | None = None
     try:
         for local in range(start, spec.steps):
@@ -223,6 +235,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
             ctx.global_step += 1
             g = ctx.global_step
             end = decide(done, stepper.base_model) if decide is not None else None
+            if decide is not None and ctx.world.distributed:
+                end = broadcast_object(end, ctx.world)  # rank 0's switch decision, so the ranks stay together
             if end is not None or done == spec.steps:
                 record = {"index": phase_index, "name": spec.name, "dp": spec.dp,
                           "sigma": float(spec.sigma) if spec.dp else None, "sample_rate": spec.sample_rate,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
 from training.dp.rng import secret_seed
 from training.device import resolve_device
+from training.distributed import World, agree, barrier, broadcast_object, current_world
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
@@ -121,6 +123,10 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         _debug_disable_noise: TEST ONLY. Skips the DP noise while the manifest still claims DP: a planted bug
             that the white-box audit must catch.
 
+    Under torchrun (a default process group initialised, :mod:`training.distributed`) every rank calls this
+    with the same arguments: each trains on its share of every logical batch, rank 0 alone locks and writes
+    ``run_dir``, and every rank returns the result rank 0 wrote.
+
     Returns:
         TrainResult with the run directory, its manifest and metrics.
 
@@ -128,22 +134,23 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         UserError: bad config values, missing data, batch larger than the dataset, mismatched resume state.
     """
     run_dir = Path(run_dir) if run_dir is not None else cfg.run_dir()
+    world = current_world()
     check_output_dir(run_dir, what="run directory")
-    if overwrite and run_dir.is_symlink():
+    if overwrite and run_dir.is_symlink() and world.is_main:
         remove_run_dir(run_dir)  # refuses a symlinked run directory before anything is locked or written
-    with run_lock(run_dir, command=command):
+    with run_lock(run_dir, command=command) if world.is_main else nullcontext():
         return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, membership=membership,
                       progress=progress, command=command, stop_after=stop_after, trust_code=trust_code, warn=warn,
-                      _debug_disable_noise=_debug_disable_noise)
+                      world=world, _debug_disable_noise=_debug_disable_noise)
 
 
 def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, membership: np.ndarray | None,
            progress: bool | None, command: str | None, stop_after: int | None, trust_code: bool,
-           warn: Callable[[str], None] | None, _debug_disable_noise: bool) -> TrainResult:
-    """:func:`train` with the run directory locked."""
+           warn: Callable[[str], None] | None, world: World, _debug_disable_noise: bool) -> TrainResult:
+    """:func:`train` with the run directory locked (by rank 0)."""
     config_text = dump_config(cfg)
     config_sha = sha256_bytes(config_text.encode("utf-8"))
-    mode = _prepare_run_dir(run_dir, config_sha, resume=resume, overwrite=overwrite)
+    mode = agree(world, lambda: _prepare_run_dir(run_dir, config_sha, resume=resume, overwrite=overwrite))
     if mode == "complete" and membership is None:
         return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
     if mode == "complete":
@@ -175,26 +182,30 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
         notes.append(f"delta={delta:g} is not below 1/n={1.0 / n:.3g}: the guarantee is weak")
         warnings.append(f"privacy.delta={delta:g} >= 1/n = {1.0 / n:.3g}; use a smaller delta")
     for message in warnings:
-        if warn is not None:
+        if warn is not None and world.is_main:
             warn(message)
     if pc.enabled and pc.sampling != "poisson":
         notes.append("batches were formed by shuffling, not Poisson sampling; the epsilon below is computed as if "
                      "sampling were Poisson and is NOT a proven guarantee for this run")
 
     device = resolve_device(tc.device, field="training.device")
+    if world.distributed and device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
     run_cfg, seed = cfg, tc.seed
     if tc.seed is None:  # secure mode (the config refuses a null seed otherwise): a secret, in memory only
-        seed = secret_seed()
+        seed = broadcast_object(secret_seed() if world.is_main else None, world)  # every rank: rank 0's secret
         run_cfg = cfg.model_copy(update={"training": tc.model_copy(update={"seed": seed})})
     setup = RunSetup(cfg=run_cfg, pool=pool, members=members, delta=delta if pc.enabled else None, device=device,
                      notes=notes, trust_code=trust_code)
-    ctx = RunContext(run_dir=run_dir, config_sha=config_sha, seed=seed, device=device, logger=None,
-                     physical_batch_size=tc.physical_batch_size, log_every=tc.log_every,
-                     checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, test=pool.test,
-                     delta=delta if pc.enabled else None, hessian_every=tc.hessian.every, stop_after=stop_after,
-                     debug_disable_noise=_debug_disable_noise)
+    main = world.is_main  # the other ranks write nothing, log nothing, evaluate nothing
+    ctx = RunContext(run_dir=run_dir if main else None, config_sha=config_sha, seed=seed, device=device,
+                     logger=None, physical_batch_size=tc.physical_batch_size, log_every=tc.log_every,
+                     checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every if main else 0,
+                     test=pool.test if main else None, delta=delta if pc.enabled else None,
+                     hessian_every=tc.hessian.every if main else 0, stop_after=stop_after,
+                     debug_disable_noise=_debug_disable_noise, world=world)
     recipe = RECIPES[tc.recipe](setup, ctx)
-    if mode == "fresh":
+    if mode == "fresh" and main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / CONFIG_FILE, config_text)
     state = load_state(run_dir, config_sha256=config_sha) if mode == "resume" else None
@@ -202,20 +213,29 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     if tc.seed is None:
         notes.append(SECURE_MODE_NOTE + (f"; resumed at step {start} with a new secret, so the run is not "
                                           "bit-identical to an uninterrupted one" if start else ""))
-    ctx.logger = TrainLogger(run_dir / TB_DIR, total=recipe.total_steps(), start=start,
-                             show=tc.progress if progress is None else progress, dp=pc.enabled)
+    if main:
+        ctx.logger = TrainLogger(run_dir / TB_DIR, total=recipe.total_steps(), start=start,
+                                 show=tc.progress if progress is None else progress, dp=pc.enabled)
     t0 = time.perf_counter()
     try:
         model = run_phases(ctx, recipe.model, recipe.next_phase, state=state)
     finally:
-        ctx.logger.close()
+        if ctx.logger is not None:
+            ctx.logger.close()
     wall = time.perf_counter() - t0
+    if not main:  # rank 0 writes the run directory; the others return what it wrote
+        barrier(world)
+        return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), resumed_from=start,
+                           warnings=tuple(warnings), pool=pool)
 
     test_acc = accuracy(model, pool.test, device=device)
     train_acc = accuracy(model, pool.images.subset(members), device=device)
     phases = recipe.phase_infos(ctx.completed)
     privacy = _privacy_info(pc, phases, delta, notes)
     extra = recipe.metrics(ctx.completed)
+    if world.distributed:
+        extra["distributed"] = {"processes": world.size, "backend": torch.distributed.get_backend(),
+                                "noise": "added once per logical step, by rank 0 (sums all-reduced)"}
     final_loss = ctx.history[-1].get("loss") if ctx.history else None
     metrics = {"test_accuracy": test_acc, "train_accuracy": train_acc, "steps": ctx.global_step,
                "epsilon_spent": privacy.epsilon, "final_loss": final_loss, "wall_seconds": wall,
@@ -225,6 +245,7 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     manifest = _finalize(run_dir, cfg, model=model, model_cfg=recipe.model_cfg, model_notes=recipe.model_notes,
                          frozen=frozen, pool=pool, mask=mask, mem_info=mem_info, privacy=privacy, metrics=metrics,
                          extra=extra, config_sha=config_sha, command=command, device=device)
+    barrier(world)
     return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings), pool=pool)
 
 

@@ -19,17 +19,34 @@ from audit.config import load_run_config, select_variant
 @click.option("--overwrite", is_flag=True, help="delete an existing run directory with the same name first")
 @click.option("--download", is_flag=True, help="let torchvision download the dataset (needs internet)")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
+@click.option("--nproc", type=click.IntRange(min=1), default=None,
+              help="train in N processes on this machine: runs torchrun --nproc-per-node N -m audit train ... "
+                   "(each process takes its share of every batch; gloo on CPU, NCCL on GPUs)")
 def command(config: str, overrides: tuple[str, ...], variant: str | None, resume: bool, overwrite: bool,
-            download: bool, no_progress: bool) -> None:
-    """Train the model described by CONFIG and write results/<name>/ (weights, manifest, membership, metrics)."""
+            download: bool, no_progress: bool, nproc: int | None) -> None:
+    """Train the model described by CONFIG and write results/<name>/ (weights, manifest, membership, metrics).
+
+    Several processes: torchrun --nproc-per-node N -m audit train CONFIG (or --nproc N).
+    """
+    from training.distributed import launch, process_group, world_from_env
     from training.trainer import train
 
+    world = world_from_env()
+    if nproc is not None and nproc > 1 and not world.distributed:
+        args = ["train", config, *(a for o in overrides for a in ("--set", o)),
+                *(["--variant", variant] if variant is not None else []), *(["--resume"] if resume else []),
+                *(["--overwrite"] if overwrite else []), *(["--download"] if download else []),
+                *(["--no-progress"] if no_progress else [])]
+        sys.exit(launch(args, nproc=nproc))
     extra = list(overrides) + (["data.download=true"] if download else [])
     run_cfg = load_run_config(config, extra)
     cfg = select_variant(run_cfg, variant).train_config()
-    result = train(cfg, resume=resume, overwrite=overwrite, progress=False if no_progress else None,
-                   command=shlex.join(["audit", *sys.argv[1:]]), trust_code=True,  # the user's own config
-                   warn=lambda message: click.echo(f"warning: {message}", err=True))
+    with process_group(world, device=cfg.training.device):
+        result = train(cfg, resume=resume, overwrite=overwrite, progress=False if no_progress else None,
+                       command=shlex.join(["audit", *sys.argv[1:]]), trust_code=True,  # the user's own config
+                       warn=lambda message: click.echo(f"warning: {message}", err=True))
+    if not world.is_main:
+        return
     m, p = result.metrics, result.manifest.privacy
     status = "already complete" if result.already_complete else (
         f"resumed at step {result.resumed_from}" if result.resumed_from else "done")
@@ -38,3 +55,4 @@ def command(config: str, overrides: tuple[str, ...], variant: str | None, resume
     acc = m.get("test_accuracy")
     click.echo(f"{status}: {result.run_dir}  {eps}  test accuracy "
                f"{'n/a' if acc is None else f'{acc:.4f}'}")
+

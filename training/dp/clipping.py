@@ -31,6 +31,8 @@ import torch
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping, DPPerLayerOptimizer
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
+from training.distributed import SINGLE, World, all_reduce_sum_
+
 __all__ = [
     "CLIPPING_STYLES",
     "flat_clip_factors",
@@ -75,6 +77,7 @@ class _StepperHooks:
 
     canary_grad: Callable[[], list[torch.Tensor] | None] | None = None
     debug_disable_noise: bool = False
+    world: World = SINGLE
 
     def reset_stats(self) -> None:
         self.sample_norms: list[torch.Tensor] = []  # pre-clip per-sample total norms, one tensor per chunk
@@ -125,9 +128,19 @@ class _StepperHooks:
             p.grad /= self.expected_batch_size
 
     def finish_step(self) -> None:
-        """Canaries, noise, scaling and the wrapped optimizer's update for one logical step."""
+        """Canaries, noise, scaling and the wrapped optimizer's update for one logical step.
+
+        Several ranks (:mod:`training.distributed`): as Opacus's ``DistributedDPOptimizer``, rank 0 alone adds
+        the canaries and the noise to its clipped sum, the others pass theirs on unchanged, and an all-reduce
+        (sum) gives every rank the noisy sum of the whole logical batch: the noise is drawn once per step.
+        """
         self.ensure_sum()
-        self.add_noise()
+        if self.world.is_main:
+            self.add_noise()
+        else:
+            for p in self.params:
+                p.grad = p.summed_grad.clone().view_as(p)
+        all_reduce_sum_([p.grad for p in self.params], self.world)
         self.scale_grad()
         self.original_optimizer.step()
         self.reset_sum()

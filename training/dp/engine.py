@@ -38,6 +38,7 @@ from training.dp.clipping import (
 from training.dp.optim import build_optimizer
 from training.dp.recipe import TrainRecipe
 from training.dp.stepper import LossFn, StepStats, Stepper, _Criterion, cross_entropy_per_example
+from training.distributed import SINGLE, World
 from training.errors import ConfigError
 
 __all__ = ["StepStats", "Stepper", "make_stepper", "cross_entropy_per_example"]
@@ -63,7 +64,7 @@ def _dp_incompatible_layers(model: nn.Module) -> tuple[list[nn.Module], list[str
 def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, generator: torch.Generator | None,
                  device: torch.device | str, gradient_canaries: GradientCanaries | None = None,
                  loss_fn: LossFn | None = None, input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 _debug_disable_noise: bool = False) -> Stepper:
+                 world: World = SINGLE, _debug_disable_noise: bool = False) -> Stepper:
     """Build the :class:`Stepper` for one training phase.
 
     Args:
@@ -82,6 +83,8 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
             :mod:`training.dp.canaries`), or None.
         loss_fn: ``(logits, targets) -> per-example losses (n,)``; default cross-entropy.
         input_transform: applied to every physical chunk of inputs after it moved to ``device``.
+        world: the ranks that share each logical batch (:mod:`training.distributed`); each rank steps on its
+            share, rank 0 alone adds canaries and noise, the sums are all-reduced.
         _debug_disable_noise: TEST ONLY, never for real runs: skip the Gaussian noise while everything else
             (clipping, canaries, scaling, accounting by the caller) is unchanged. It deliberately breaks DP
             so tests can prove the audits catch a broken implementation.
@@ -111,7 +114,7 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
     base_opt = build_optimizer([p for _, p in named], recipe.optim)
     loss_fn = loss_fn or cross_entropy_per_example
     common = dict(recipe=recipe, device=device, loss_fn=loss_fn, input_transform=input_transform,
-                  canaries=gradient_canaries, sample_rate=float(sample_rate))
+                  canaries=gradient_canaries, sample_rate=float(sample_rate), world=world)
     if not recipe.dp:
         if _debug_disable_noise:
             raise ValueError("_debug_disable_noise only applies to DP training (privacy.enabled)")

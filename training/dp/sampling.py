@@ -31,7 +31,7 @@ import numpy as np
 
 from training.dp.rng import Stream, derive_seed
 
-__all__ = ["BatchSampler", "PoissonSampler", "ShuffleSampler", "make_sampler", "SAMPLINGS"]
+__all__ = ["BatchSampler", "PoissonSampler", "ShuffleSampler", "ShardedSampler", "make_sampler", "SAMPLINGS"]
 
 SAMPLINGS = ("poisson", "shuffle")
 
@@ -201,3 +201,51 @@ def make_sampler(*, sampling: str, n: int, batch_size: int, seed: int | None) ->
     if sampling == "shuffle":
         return ShuffleSampler(n, min(batch_size, n), seed)
     raise ValueError(f"sampling must be 'poisson' or 'shuffle', got {sampling!r}")
+
+
+class ShardedSampler:
+    """Rank ``rank``'s share of another sampler's logical batches (multi-process training, :mod:`training.distributed`).
+
+    Every rank asks the same sampler (same seed) for step t's logical batch and keeps its positions
+    ``rank, rank + world_size, ...``: the ranks' shares are disjoint and their union is exactly the one-process
+    batch, so the sample rate and the expected batch size, what the accountant and the DP-SGD denominator use,
+    are the wrapped sampler's.
+
+    >>> inner = make_sampler(sampling="poisson", n=100, batch_size=20, seed=1)
+    >>> shards = [ShardedSampler(inner, rank=r, world_size=3) for r in range(3)]
+    >>> sorted(np.concatenate([s.indices(4) for s in shards]).tolist()) == inner.indices(4).tolist()
+    True
+    >>> shards[0].sample_rate == inner.sample_rate, shards[0].expected_batch_size
+    (True, 20.0)
+
+    Raises:
+        ValueError: a rank outside [0, world_size), or a sampler without a seed (each rank would draw another
+            batch; secure mode shares rank 0's secret seed instead).
+    """
+
+    def __init__(self, inner: BatchSampler, *, rank: int, world_size: int) -> None:
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {rank}")
+        if getattr(inner, "seed", 0) is None:
+            raise ValueError("a sharded sampler needs a seeded sampler: with seed=None every rank would draw "
+                             "another logical batch")
+        self.inner = inner
+        self.sampling = inner.sampling
+        self.n = inner.n
+
+    @property
+    def sample_rate(self) -> float:
+        return self.inner.sample_rate
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.inner.expected_batch_size
+
+    def indices(self, step: int) -> np.ndarray:
+        """This rank's positions of step ``step``'s logical batch."""
+        return self.inner.indices(step)[self.rank::self.world_size]
+
+    def __repr__(self) -> str:
+        return f"ShardedSampler({self.inner!r}, rank={self.rank}, world_size={self.world_size})"

@@ -22,6 +22,7 @@ from torch import nn
 from training.dp.canaries import GradientCanaries
 from training.dp.optim import set_lr
 from training.dp.recipe import TrainRecipe
+from training.distributed import SINGLE, World, all_reduce_sum_
 from training.errors import CheckpointError
 
 __all__ = ["StepStats", "Stepper", "cross_entropy_per_example", "LossFn", "STATE_FORMAT"]
@@ -99,7 +100,7 @@ class Stepper:
                  dp_optimizer: Any | None, ghost_loss: Any | None, recipe: TrainRecipe, device: torch.device,
                  loss_fn: LossFn, input_transform: Callable[[torch.Tensor], torch.Tensor] | None,
                  generator: torch.Generator | None, canaries: GradientCanaries | None, sample_rate: float,
-                 frozen_norm_layers: list[nn.Module]) -> None:
+                 frozen_norm_layers: list[nn.Module], world: World = SINGLE) -> None:
         self.module = module
         self._base_model = base_model
         self.optimizer = optimizer
@@ -122,6 +123,9 @@ class Stepper:
         self._params = [p for p in base_model.parameters() if p.requires_grad]
         self._step = 0
         self._closed = False
+        self.world = world  # several ranks: each steps on its share of the batch (training.distributed)
+        if dp_optimizer is not None:
+            dp_optimizer.world = world
 
     # --------------------------------------------------------------------------------------- properties
 
@@ -225,23 +229,29 @@ class Stepper:
             opt.zero_grad()
         norms = torch.cat(opt.sample_norms).cpu() if opt.sample_norms else torch.zeros(0)
         clipped = torch.cat(opt.sample_clipped).cpu() if opt.sample_clipped else torch.zeros(0, dtype=torch.bool)
-        grad = self._canary_grad(canary_idx, self.max_grad_norm)
+        grad = self._canary_grad(canary_idx, self.max_grad_norm) if self.world.is_main else None  # added once
         opt.canary_grad = (lambda: grad) if grad is not None else None
         opt.finish_step()
         opt.canary_grad = None
         opt.zero_grad()
-        n, nan = len(y), float("nan")
+        nan = float("nan")
+        # the logical batch's statistics (several ranks: sums over the ranks; the median is this rank's share's)
+        totals = torch.tensor([float(loss_sum), float(len(y)), float(clipped.sum()), float(norms.sum())],
+                              dtype=torch.float64, device=self.device)
+        all_reduce_sum_([totals], self.world)
+        loss_total, n, n_clipped, norm_total = totals.tolist()
+        n = int(n)
         noise_std = (0.0 if opt.debug_disable_noise
                      else self.noise_multiplier * self.max_grad_norm / self.expected_batch_size)
         return StepStats(
             step=self._step,
-            loss=float(loss_sum) / n if n else float("nan"),
+            loss=loss_total / n if n else float("nan"),
             batch_size=n,
             lr=lr,
             noise_std=noise_std,
-            clipped_fraction=float(clipped.float().mean()) if n else nan,
-            grad_norm_mean=float(norms.mean()) if n else nan,
-            grad_norm_median=float(norms.median()) if n else nan,
+            clipped_fraction=n_clipped / n if n else nan,
+            grad_norm_mean=norm_total / n if n else nan,
+            grad_norm_median=float(norms.median()) if len(norms) else nan,
             canaries_added=len(canary_idx),
         )
 
@@ -261,16 +271,25 @@ class Stepper:
     def _plain_step(self, x: torch.Tensor, y: torch.Tensor, lr: float, canary_idx: np.ndarray) -> StepStats:
         self.optimizer.zero_grad(set_to_none=True)
         n = len(y)
+        if self.world.distributed:  # the mean over the logical batch, which the ranks share
+            count = torch.tensor([float(n)], dtype=torch.float64, device=self.device)
+            all_reduce_sum_([count], self.world)
+            n = int(count.item())
         denom = n + len(canary_idx)  # a canary is one extra example whose gradient is C·u_i
         loss_sum = torch.zeros((), device=self.device)
         for xc, yc in self._chunks(x, y):
             losses = _per_example(self.loss_fn, self.module(xc), yc)
             (losses.sum() / denom).backward()
             loss_sum += losses.detach().sum()
-        grad = self._canary_grad(canary_idx, self.max_grad_norm / max(denom, 1))
+        grad = self._canary_grad(canary_idx, self.max_grad_norm / max(denom, 1)) if self.world.is_main else None
         if grad is not None:
             for p, g in zip(self._params, grad):
                 p.grad = g.clone() if p.grad is None else p.grad + g
+        if self.world.distributed:
+            for p in self._params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            all_reduce_sum_([p.grad for p in self._params] + [loss_sum], self.world)
         if denom > 0:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
