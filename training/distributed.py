@@ -14,9 +14,11 @@ How one logical DP-SGD step is split over N ranks (and why it is the one-process
   deviation σ·C (not √N·σ·C). Every rank then takes the same optimizer step, so the models stay equal.
 - **Start**: Opacus's ``DifferentiallyPrivateDistributedDataParallel`` broadcasts rank 0's parameters when a
   phase starts (every rank also initialises from the same seed).
-- **Files**: rank 0 alone takes the run-directory lock and writes (config, checkpoints, TensorBoard, weights,
-  manifest); the others only read the saved state to resume. Rank 0 decides whether the run is fresh,
-  resumed or complete and tells the others (:func:`agree`); a secure-mode secret seed is rank 0's, broadcast.
+- **Files**: rank 0 alone takes the run-directory lock, reads it and writes it (config, checkpoints,
+  TensorBoard, weights, manifest). It decides whether the run is fresh, resumed or complete and sends the
+  others that decision, the saved state to resume from and the final manifest (:func:`agree`,
+  :func:`broadcast_object`), so the other ranks (other machines too) need no access to the run directory; a
+  secure-mode secret seed is rank 0's, broadcast. Every rank reads the dataset itself.
 - **Resume**: the state is saved by rank 0 at a step every rank has finished (each step ends in an
   all-reduce), so after any rank is killed (torchrun then stops the others) ``--resume`` continues from it.
 

@@ -33,7 +33,7 @@ from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
 from training.dp.rng import secret_seed
 from training.device import resolve_device
-from training.distributed import World, agree, barrier, broadcast_object, current_world
+from training.distributed import World, agree, broadcast_object, current_world
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
@@ -82,6 +82,15 @@ def _prepare_run_dir(run_dir: Path, config_sha: str, *, resume: bool, overwrite:
 
 def _read_metrics(run_dir: Path) -> dict[str, Any]:
     return read_json(run_dir / METRICS_FILE, what="metrics")
+
+
+def _complete(run_dir: Path, membership: np.ndarray | None) -> TrainResult:
+    """The result of a run that is already complete (with the membership asked for, if any)."""
+    if membership is not None:
+        stored = np.load(run_dir / MEMBERSHIP_FILE, allow_pickle=False)
+        if stored.shape != membership.shape or not bool((stored == membership).all()):
+            raise CheckpointError(f"{run_dir} holds a finished run with another membership mask; pass --overwrite")
+    return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
 
 
 def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInfo]:
@@ -151,13 +160,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     config_text = dump_config(cfg)
     config_sha = sha256_bytes(config_text.encode("utf-8"))
     mode = agree(world, lambda: _prepare_run_dir(run_dir, config_sha, resume=resume, overwrite=overwrite))
-    if mode == "complete" and membership is None:
-        return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
     if mode == "complete":
-        stored = np.load(run_dir / MEMBERSHIP_FILE, allow_pickle=False)
-        if stored.shape == membership.shape and bool((stored == membership).all()):
-            return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
-        raise CheckpointError(f"{run_dir} holds a finished run with another membership mask; pass --overwrite")
+        return agree(world, lambda: _complete(run_dir, membership))
 
     tc, pc = cfg.training, cfg.privacy
     pool = build_pool(cfg)
@@ -208,7 +212,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     if mode == "fresh" and main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / CONFIG_FILE, config_text)
-    state = load_state(run_dir, config_sha256=config_sha) if mode == "resume" else None
+    # rank 0 reads the saved state and sends it: the other ranks need no access to the run directory
+    state = agree(world, lambda: load_state(run_dir, config_sha256=config_sha) if mode == "resume" else None)
     start = int(state["step"]) if state is not None else 0
     if tc.seed is None:
         notes.append(SECURE_MODE_NOTE + (f"; resumed at step {start} with a new secret, so the run is not "
@@ -224,9 +229,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
             ctx.logger.close()
     wall = time.perf_counter() - t0
     if not main:  # rank 0 writes the run directory; the others return what it wrote
-        barrier(world)
-        return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), resumed_from=start,
-                           warnings=tuple(warnings), pool=pool)
+        manifest, metrics = broadcast_object(None, world)
+        return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings), pool=pool)
 
     test_acc = accuracy(model, pool.test, device=device)
     train_acc = accuracy(model, pool.images.subset(members), device=device)
@@ -245,7 +249,7 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     manifest = _finalize(run_dir, cfg, model=model, model_cfg=recipe.model_cfg, model_notes=recipe.model_notes,
                          frozen=frozen, pool=pool, mask=mask, mem_info=mem_info, privacy=privacy, metrics=metrics,
                          extra=extra, config_sha=config_sha, command=command, device=device)
-    barrier(world)
+    broadcast_object((manifest, metrics), world)
     return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings), pool=pool)
 
 
