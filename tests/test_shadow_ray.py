@@ -209,3 +209,15 @@ def test_farm_returns_results_in_task_order_and_passes_user_errors_through(local
             session.run(_raises_data_error, [0, 1], shared=None)
     assert ray.is_initialized()  # a Ray the session did not start is left running
     assert np.isfinite(session.slots)
+
+
+def test_cli_refuses_a_malformed_ray_address_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from audit.cli import main
+
+    target = _target(tmp_path)
+    res = CliRunner().invoke(main, ["attack", str(target), "--ray-address", "nonsense", "--no-progress"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert "address must be 'auto', 'ray://host:port'" in res.output
+    assert not (target / "shadows").exists()
