@@ -17,6 +17,7 @@ ValueError: max_retries must be an integer >= 0; got -1
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
 import os
@@ -169,8 +170,10 @@ def ray_session(options: RayOptions) -> Iterator[RaySession]:
     """
     ray = import_ray()
     started = False
+    original_print = builtins.print  # Ray's driver swaps in its own print when it shows worker logs
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
         try:
             if options.address is None:
                 ray.init(num_cpus=options.local_cpus or os.cpu_count() or 1, include_dashboard=False,
@@ -187,3 +190,4 @@ def ray_session(options: RayOptions) -> Iterator[RaySession]:
     finally:
         if started:
             ray.shutdown()
+        builtins.print = original_print

@@ -1,9 +1,12 @@
-"""Shadow-model throughput: train K small DP-SGD models batched (torch.func vmap) vs one at a time.
+"""Shadow-model throughput: K small DP-SGD models batched (torch.func vmap), one at a time, or as Ray tasks.
 
 Every executor trains the same K models (same masks, seeds and recipe) on scikit-learn's digits (8x8
 images, grey replicated to 3 channels), each on a random half of the pool, with DP-SGD (Poisson sampling).
 The script reports wall time, models per second and the speed-up over the sequential executor, checks that
-the executors produced the same weights, and writes a Markdown table.
+the executors produced the same weights, and writes a Markdown table. ``ray`` runs the tasks of the product's
+``ray`` executor (:mod:`attacks.ray_farm`: one task per slot, each training its share of the models batched) on a
+local Ray with ``--workers`` CPUs started once before the timings; its start-up and its overhead per task (the
+round trip of an empty task) are measured separately and stated.
 
 Example (the command that made results/reference/shadow_throughput.md)::
 
@@ -15,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import functools
 import os
 import platform
-import resource
 import time
 
 import numpy as np
@@ -66,6 +69,59 @@ def accuracy_on_non_members(factory, sds, x, y, masks) -> float:
     return float(np.mean(accs))
 
 
+def _ray_task(task: dict, shared: dict) -> tuple[list[dict[str, np.ndarray]], float]:
+    """One Ray task: train this task's models batched (the product's task for small models); its CPU seconds."""
+    cpu0 = time.process_time()
+    torch.set_num_threads(1)
+    sds = train_many(model_factory=task["factory"], x=shared["x"], y=shared["y"], masks=task["masks"],
+                     seeds=task["seeds"], recipe=task["recipe"], executor="batched")
+    return [{n: v.numpy() for n, v in sd.items()} for sd in sds], time.process_time() - cpu0
+
+
+def _empty_task(task: int, shared: None) -> int:
+    return task
+
+
+class RayFarm:
+    """A local Ray with ``workers`` CPUs (started once) and the product's task farm over it."""
+
+    def __init__(self, workers: int) -> None:
+        import ray
+
+        from attacks.ray_farm import RayOptions, ray_session
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        t0 = time.perf_counter()
+        ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)]),
+                                           "OMP_NUM_THREADS": "1"}})
+        self._cm = ray_session(RayOptions(cpus_per_task=1))
+        self.session = self._cm.__enter__()
+        self.startup = time.perf_counter() - t0
+        self.session.run(_empty_task, list(range(workers)))  # start the workers (untimed)
+        t0 = time.perf_counter()
+        n = 8 * workers
+        self.session.run(_empty_task, list(range(n)))
+        self.overhead = (time.perf_counter() - t0) * workers / n  # seconds of a slot per empty task
+
+    def train(self, factory, x, y, masks, seeds, recipe) -> tuple[list[dict[str, torch.Tensor]], float]:
+        """The K state dicts and the CPU seconds the tasks used."""
+        slots = self.session.slots
+        size = math.ceil(len(seeds) / slots)
+        shared = self.session.put({"x": x, "y": y})
+        tasks = [dict(factory=factory, masks=masks[i:i + size], seeds=seeds[i:i + size], recipe=recipe)
+                 for i in range(0, len(seeds), size)]
+        out = self.session.run(_ray_task, tasks, shared=shared)
+        sds = [{n: torch.from_numpy(v) for n, v in sd.items()} for group, _ in out for sd in group]
+        return sds, sum(cpu for _, cpu in out)
+
+    def close(self) -> None:
+        import ray
+
+        self._cm.__exit__(None, None, None)
+        ray.shutdown()
+
+
 def max_weight_diff(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> float:
     return max(float((sa[n] - sb[n]).abs().max()) for sa, sb in zip(a, b) for n in sa)
 
@@ -85,12 +141,17 @@ def run(args: argparse.Namespace) -> str:
     x, y = load_digits_pool()
     load_start = os.getloadavg()
     rows, checks = [], []
-    for c1, c2 in args.widths:
-        run_width(args, x, y, c1, c2, rows, checks)
-    return render(args, rows, checks, load_start, os.getloadavg())
+    farm = RayFarm(args.workers) if "ray" in args.executors else None
+    try:
+        for c1, c2 in args.widths:
+            run_width(args, x, y, c1, c2, rows, checks, farm)
+    finally:
+        if farm is not None:
+            farm.close()
+    return render(args, rows, checks, load_start, os.getloadavg(), farm)
 
 
-def run_width(args, x, y, c1, c2, rows, checks) -> None:
+def run_width(args, x, y, c1, c2, rows, checks, farm) -> None:
     factory = functools.partial(DigitsCNN, c1, c2)
     n_params = sum(p.numel() for p in factory().parameters())
     model = f"{c1}x{c2} ({n_params:,} params)"
@@ -102,20 +163,25 @@ def run_width(args, x, y, c1, c2, rows, checks) -> None:
     for executor in ("sequential", "batched"):  # untimed: first-call costs (lazy imports, kernel set-up)
         train_many(model_factory=factory, x=x, y=y, masks=warm, seeds=[0, 1], executor=executor,
                    recipe=dataclasses.replace(recipe, steps=3))
+    if farm is not None:  # the same warm-up in every Ray worker
+        farm.train(factory, x, y, np.concatenate([warm] * args.workers), list(range(2 * args.workers)),
+                   dataclasses.replace(recipe, steps=3))
     for k in args.models:
         masks = np.random.default_rng([args.seed, k]).random((k, len(x))) < 0.5
         seeds = list(range(k))
         results, seq_wall = {}, None
         for executor in args.executors:
-            extra = {"workers": args.workers, "threads_per_worker": 1} if executor == "process" else {}
-            cpu0, child0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu0 = time.process_time()
             t0 = time.perf_counter()
-            sds = train_many(model_factory=factory, x=x, y=y, masks=masks, seeds=seeds, executor=executor,
-                             recipe=recipe, **extra)
-            wall = time.perf_counter() - t0
-            child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = time.process_time() - cpu0 + (child1.ru_utime + child1.ru_stime
-                                                - child0.ru_utime - child0.ru_stime)
+            if executor == "ray":
+                sds, task_cpu = farm.train(factory, x, y, masks, seeds, recipe)
+                wall = time.perf_counter() - t0
+                cpu = time.process_time() - cpu0 + task_cpu
+            else:
+                sds = train_many(model_factory=factory, x=x, y=y, masks=masks, seeds=seeds, executor=executor,
+                                 recipe=recipe)
+                wall = time.perf_counter() - t0
+                cpu = time.process_time() - cpu0
             results[executor] = sds
             if executor == "sequential":
                 seq_wall = wall
@@ -133,7 +199,7 @@ def run_width(args, x, y, c1, c2, rows, checks) -> None:
             checks.append((model, k, names[0], other, max_weight_diff(results[names[0]], results[other])))
 
 
-def render(args, rows, checks, load_start, load_end) -> str:
+def render(args, rows, checks, load_start, load_end, farm) -> str:
     cpu_name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -141,7 +207,7 @@ def render(args, rows, checks, load_start, load_end) -> str:
     except (OSError, StopIteration):
         pass
     lines = [
-        "# Shadow-model throughput: batched (torch.func vmap) vs one model at a time",
+        "# Shadow-model throughput: batched (torch.func vmap) vs one model at a time vs Ray tasks",
         "",
         "Recipe: DigitsCNN C1xC2 (conv 3->C1, GroupNorm, tanh; conv C1->C2 stride 2, GroupNorm, tanh; flatten; "
         "linear C2*16 -> 10; no BatchNorm) on scikit-learn digits "
@@ -152,9 +218,17 @@ def render(args, rows, checks, load_start, load_end) -> str:
         "",
         "Executors: `sequential` = `train_one` per model (torch.func per-example gradients of one model); "
         "`batched` = `train_many(executor=\"batched\")`, all K models stacked in one vmap; "
-        f"`process` = a spawn process pool of {args.workers} workers, 1 torch thread each, each training its "
-        "half of the models batched. An untimed 3-step warm-up of the in-process executors precedes the "
-        "timings of each model; the process pool's start-up (spawn, importing torch) is inside its time.",
+        f"`ray` = the `ray` executor's task farm (`attacks.ray_farm`) on a local Ray with {args.workers} CPUs, "
+        "one task per CPU, 1 torch thread each, each task training its share of the models batched (the pool "
+        "is put in Ray's object store once per K). An untimed 3-step warm-up of every executor (in each "
+        "Ray worker too) precedes the timings of each model. CPU s of `ray` = the driver's plus the tasks' CPU time.",
+        *([] if farm is None else [
+            "",
+            f"Ray's fixed costs, measured apart from the table: starting the local Ray {farm.startup:.1f} s "
+            f"(once per `audit attack`; none on a running cluster); overhead per task {1000 * farm.overhead:.0f} ms "
+            "(the round trip of an empty task, per slot). The ray rows include neither the start-up nor "
+            "the workers' first import of torch (an untimed warm-up runs first); they do include sending "
+            "the pool, the tasks and the weights through the object store."]),
         "",
         "| model | K | executor | wall s | CPU s | models/s | speed-up vs sequential (wall) | speed-up (CPU time) "
         "| mean non-member accuracy |",
@@ -183,8 +257,8 @@ def render(args, rows, checks, load_start, load_end) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=int, nargs="+", default=[16, 64], help="values of K")
-    p.add_argument("--executors", nargs="+", default=["sequential", "batched", "process"],
-                   choices=["sequential", "batched", "process"], help="sequential first: the speed-up baseline")
+    p.add_argument("--executors", nargs="+", default=["sequential", "batched", "ray"],
+                   choices=["sequential", "batched", "ray"], help="sequential first: the speed-up baseline")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--physical-batch-size", type=int, default=256)
@@ -194,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--momentum", type=float, default=0.0)
     p.add_argument("--widths", type=_widths, nargs="+", default=[(8, 16), (16, 32)],
                    help="conv widths C1xC2 of the models to time, e.g. 8x16 16x32")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="CPUs of the local Ray (ray executor)")
     run_script(p, run, argv, threads=1)
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import shutil
 import sys
@@ -98,10 +99,12 @@ def local_ray(payload):
     if ray.is_initialized():
         pytest.skip("another Ray is already running in this process")
     path = [str(payload[0]), str(ROOT / "tests"), str(ROOT)]
+    original_print = builtins.print  # Ray's driver may swap in its own print: give the next tests theirs back
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": ":".join(path), "OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()
+    builtins.print = original_print
 
 
 def _target(tmp_path: Path, *, arch: str | None = None) -> Path:
@@ -200,6 +203,7 @@ def _doubles(task: int, shared: int) -> int:
 
 
 def test_farm_returns_results_in_task_order_and_passes_user_errors_through(local_ray) -> None:
+    print_before = builtins.print
     with ray_session(RayOptions()) as session:
         assert session.slots == 2
         seen: list[int] = []
@@ -208,6 +212,7 @@ def test_farm_returns_results_in_task_order_and_passes_user_errors_through(local
         with pytest.raises(DataError, match="task 1: the data root is missing"):
             session.run(_raises_data_error, [0, 1], shared=None)
     assert ray.is_initialized()  # a Ray the session did not start is left running
+    assert builtins.print is print_before  # and the driver's print is its own again
     assert np.isfinite(session.slots)
 
 
