@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,8 +26,10 @@ import yaml
 from torch import nn
 
 from training.config import OptimConfig, TrainConfig
-from training.distributed import SINGLE, World, launch_command
+from training.distributed import SINGLE, World, launch_command, world_from_env
 from training.dp.engine import make_stepper
+from training.dp.sampling import ShardedSampler, make_sampler
+from training.errors import UserError
 from training.dp.recipe import TrainRecipe
 from training.run.files import MANIFEST_FILE, STATE_FILE
 
@@ -52,6 +55,21 @@ def _model(kind: str) -> nn.Module:
     if kind == "sum":
         return nn.Sequential(nn.Flatten(), nn.Linear(48, 3))
     return nn.Sequential(nn.Flatten(), nn.Linear(48, 400, bias=False))  # zero inputs: zero gradients, pure noise
+
+
+def test_shards_and_worlds_refuse_what_would_split_batches_wrongly() -> None:
+    with pytest.raises(ValueError, match="seeded sampler"):
+        ShardedSampler(make_sampler(sampling="poisson", n=10, batch_size=2, seed=None), rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\)"):
+        ShardedSampler(make_sampler(sampling="shuffle", n=10, batch_size=4, seed=0), rank=2, world_size=2)
+    shuffle = make_sampler(sampling="shuffle", n=10, batch_size=4, seed=0)
+    shares = [ShardedSampler(shuffle, rank=r, world_size=3).indices(1) for r in range(3)]
+    assert sorted(i for s in shares for i in s.tolist()) == sorted(shuffle.indices(1).tolist())
+    with pytest.raises(UserError, match="RANK must be in"):
+        world_from_env({"RANK": "2", "WORLD_SIZE": "2"})
+    with pytest.raises(UserError, match="must be integers"):
+        world_from_env({"RANK": "x", "WORLD_SIZE": "2"})
+    assert world_from_env({}) == SINGLE
 
 
 def _one_step(kind: str, world: World) -> torch.Tensor:
@@ -144,8 +162,9 @@ def _env() -> dict[str, str]:
 
 
 def _audit_train(config: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(launch_command(["train", str(config), "--no-progress", *extra], nproc=2), env=_env(),
-                          capture_output=True, text=True, timeout=600)
+    """``audit train CONFIG --nproc 2 ...`` (which runs torchrun)."""
+    return subprocess.run([sys.executable, "-m", "audit", "train", str(config), "--nproc", "2", "--no-progress",
+                           *extra], env=_env(), capture_output=True, text=True, timeout=600)
 
 
 def _privacy(run: Path) -> tuple:
