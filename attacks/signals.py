@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from training.data import to_float_tensor
+
 __all__ = [
     "AugmentationSpec",
     "augment_batch",
@@ -236,6 +238,8 @@ def augment_batch(x: Tensor, spec: AugmentationSpec) -> Tensor:
 
 def _as_float_nchw(x: np.ndarray | Tensor) -> Tensor:
     """uint8 ``(N, H, W, C)`` (the dataset layout) -> float ``(N, C, H, W)`` in [0, 1]; float stays as is."""
+    if isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 4 and x.shape[-1] == 3:
+        return to_float_tensor(x)  # the dataset's own conversion (its arrays are read-only: no torch warning)
     t = torch.as_tensor(x)
     if t.ndim != 4:
         raise ValueError(f"x must be 4-D (uint8 N,H,W,C or float N,C,H,W); got shape {tuple(t.shape)}")
