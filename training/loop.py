@@ -10,11 +10,13 @@ test accuracy every ``training.eval_every`` steps, asks the recipe's ``decide`` 
 early (continual pre-training's switch rules), and every ``checkpoint_every`` steps (and at the end of the
 phase) saves the full state: weights, optimizer, noise generator, history, and the recipe's own state.
 
-Secure mode (``privacy.secure_mode``): the run seed is a secret drawn from the OS CSPRNG
-(:func:`training.dp.rng.secret_seed`) when the process starts; it is never written to the config, the manifest
-or the saved state, and the saved state holds no generator state. A resumed secure run therefore draws a new
-secret: its remaining batches and noise are fresh and independent (what the DP analysis needs), but the run is
-not bit-identical to an uninterrupted one — reproducibility and secure mode are different settings.
+Secure mode (``privacy.secure_mode``): the DP noise and the batches are drawn directly from the OS CSPRNG
+(:mod:`training.dp.csprng`), not from a seeded generator; the other streams (initialisation, probes) use a
+secret seed drawn from the OS when the process starts (:func:`training.dp.rng.secret_seed`). Nothing is written
+to the config, the manifest or the saved state that could recreate any of it, and the saved state holds no
+generator state. A resumed secure run's remaining batches and noise are fresh and independent (what the DP
+analysis needs), but the run is not bit-identical to an uninterrupted one — reproducibility and secure mode are
+different settings.
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ from training.run.lock import LOCK_FILE, run_lock
 
 __all__ = ["TrainResult", "train", "SECURE_MODE_NOTE"]
 
-SECURE_MODE_NOTE = ("secure mode: noise drawn with Opacus's floating-point-attack-resistant sampler, noise and "
-                    "batches seeded from a secret drawn from the OS CSPRNG (never recorded; provenance.seed is "
-                    "null); not reproducible")
+SECURE_MODE_NOTE = ("secure mode: DP noise and batches drawn directly from the OS CSPRNG (os.urandom), the noise "
+                    "hardened against floating-point attacks (sum of four normals / 2, as Opacus's secure mode); "
+                    "no seed exists or is recorded (provenance.seed is null); not reproducible")
 
 
 @dataclass(frozen=True)

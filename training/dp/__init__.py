@@ -7,6 +7,7 @@ Building blocks (each in its own module):
   Poisson and shuffle samplers (:func:`make_sampler`);
 * :mod:`training.dp.rng` — :func:`derive_seed`, the one seed derivation (exact in integers), and
   :func:`secret_seed` for secure mode;
+* :mod:`training.dp.csprng` — secure mode's noise, uniforms and permutations, read from ``os.urandom``;
 * :mod:`training.dp.optim` — :func:`build_optimizer` and :func:`trainable_names` (the noise order);
 * :mod:`training.dp.schedules` — :func:`lr_at`, the learning rate as a pure function of the step;
 * :mod:`training.dp.clipping`, :mod:`training.dp.canaries`, :mod:`training.dp.state`.

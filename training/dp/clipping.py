@@ -32,6 +32,7 @@ from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping, DPPe
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
 from training.distributed import SINGLE, World, all_reduce_sum_
+from training.dp import csprng
 
 __all__ = [
     "CLIPPING_STYLES",
@@ -109,18 +110,24 @@ class _StepperHooks:
                 p.summed_grad = torch.zeros_like(p)
 
     def add_noise(self) -> None:
-        """Add the sampled canaries' C·u_i, then N(0, σ²C²) noise, to the clipped sum; result in ``p.grad``."""
+        """Add the sampled canaries' C·u_i, then N(0, σ²C²) noise, to the clipped sum; result in ``p.grad``.
+
+        In secure mode the noise is drawn from the OS CSPRNG (:func:`training.dp.csprng.gaussian`, hardened
+        against floating-point attacks as Opacus's secure mode is), never from the seeded generator.
+        """
         extra = self.canary_grad() if self.canary_grad is not None else None
         if extra is not None:
             for p, g in zip(self.params, extra):
                 p.summed_grad = p.summed_grad + g.to(p.summed_grad.dtype)
-        if self.debug_disable_noise:
-            for p in self.params:
-                _check_processed_flag(p.summed_grad)
-                p.grad = p.summed_grad.clone().view_as(p)
-                _mark_as_processed(p.summed_grad)
+        if not self.debug_disable_noise and not self.secure_mode:
+            super().add_noise()
             return
-        super().add_noise()
+        std = 0.0 if self.debug_disable_noise else self.noise_multiplier * self.max_grad_norm
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            noise = csprng.gaussian(p.summed_grad.shape, std, device=p.summed_grad.device, dtype=p.summed_grad.dtype)
+            p.grad = (p.summed_grad + noise).view_as(p)
+            _mark_as_processed(p.summed_grad)
 
     def scale_grad(self) -> None:
         """Divide the noisy sum by the expected batch size (not the realised one: Poisson-sampling DP-SGD)."""

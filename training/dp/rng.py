@@ -11,9 +11,10 @@ shuffle samplers, the DP noise of each step, later phases' samplers, the tr(H) p
 Because the noise of step t and the batch of step t are functions of (seed, t) only, a resumed run continues
 bit-for-bit like the uninterrupted one.
 
-Secure mode (``privacy.secure_mode``) uses the same derivations from a seed that is never written anywhere:
-:func:`secret_seed` draws it from the operating system's CSPRNG (``secrets``) when the run (or a resumed part
-of it) starts. See :mod:`training.loop` for what that means for resuming.
+Secure mode (``privacy.secure_mode``) draws the DP noise and the batches from the OS CSPRNG itself
+(:mod:`training.dp.csprng`); its remaining streams use these derivations from a seed that is never written
+anywhere: :func:`secret_seed` draws it from the operating system's CSPRNG (``secrets``) when the run (or a resumed
+part of it) starts. See :mod:`training.loop` for what that means for resuming.
 
 >>> derive_seed(7, Stream.NOISE, 3) == derive_seed(7, Stream.NOISE, 3)
 True

@@ -24,11 +24,11 @@ every call draws fresh randomness from the operating system's CSPRNG. The Opacus
 from __future__ import annotations
 
 import numbers
-import secrets
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from training.dp import csprng
 from training.dp.rng import Stream, derive_seed
 
 __all__ = ["BatchSampler", "PoissonSampler", "ShuffleSampler", "ShardedSampler", "make_sampler", "SAMPLINGS"]
@@ -46,10 +46,23 @@ def _check_seed(seed: int | None) -> int | None:
     return None if seed is None else _check_int("seed", seed, 0)
 
 
-def _rng(seed: int | None, stream: Stream, index: int) -> np.random.Generator:
-    """The generator of (seed, stream, index); fresh OS randomness when ``seed`` is None (secure mode)."""
+class _OsRandom:
+    """The two draws the samplers make, straight from the OS CSPRNG (:mod:`training.dp.csprng`; secure mode)."""
+
+    @staticmethod
+    def random(n: int) -> np.ndarray:
+        return csprng.uniform(n)
+
+    @staticmethod
+    def permutation(n: int) -> np.ndarray:
+        return csprng.permutation(n)
+
+
+def _rng(seed: int | None, stream: Stream, index: int) -> np.random.Generator | _OsRandom:
+    """The generator of (seed, stream, index); with ``seed`` None (secure mode) every draw comes from the OS
+    CSPRNG itself, not from a pseudo-random stream seeded by it."""
     if seed is None:
-        return np.random.default_rng(secrets.randbits(128))
+        return _OsRandom()
     return np.random.default_rng(derive_seed(seed, stream, index))
 
 
