@@ -106,3 +106,26 @@ def test_secure_dp_step_draws_its_noise_from_the_os(urandom, mode):
 def test_real_os_draws_differ():
     a, b = csprng.gaussian((64,), 1.0), csprng.gaussian((64,), 1.0)
     assert not torch.equal(a, b)
+
+
+def test_sharded_secure_batches_are_rank_zeros_draw(urandom):
+    """Secure mode over several ranks: rank 0 draws the logical batch from the OS and sends it; the shards of the
+    ranks are disjoint and together the batch rank 0 drew (the others read no randomness)."""
+    from training.dp.sampling import ShardedSampler
+
+    inner = PoissonSampler(300, 0.2, None)
+    sent: list[np.ndarray] = []
+
+    def broadcast(batch):
+        if batch is not None:
+            sent.append(batch)
+        return sent[-1]
+
+    shards = [ShardedSampler(inner, rank=r, world_size=3, broadcast=broadcast) for r in range(3)]
+    parts = [shards[0].indices(5)]
+    asked = urandom.asked
+    parts += [s.indices(5) for s in shards[1:]]
+    assert urandom.asked == asked  # ranks 1 and 2 drew nothing
+    assert sorted(np.concatenate(parts).tolist()) == sent[0].tolist()
+    with pytest.raises(ValueError, match="needs a broadcast"):
+        ShardedSampler(inner, rank=0, world_size=2)

@@ -223,7 +223,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
         ctx.history.append({"step": 0, "phase": spec.name, **hess})
     sampler = spec.sampler()
     if ctx.world.distributed:
-        sampler = ShardedSampler(sampler, rank=ctx.world.rank, world_size=ctx.world.size)
+        sampler = ShardedSampler(sampler, rank=ctx.world.rank, world_size=ctx.world.size,
+                                 broadcast=lambda batch: broadcast_object(batch, ctx.world))
     record: dict[str, Any] | None = None
     try:
         for local in range(start, spec.steps):

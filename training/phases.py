@@ -99,9 +99,11 @@ class PhaseSpec:
         return self.batch_size / self.n
 
     def sampler(self) -> BatchSampler:
-        """The phase's batch sampler over its ``n`` examples (q = batch_size / n)."""
+        """The phase's batch sampler over its ``n`` examples (q = batch_size / n); a DP phase in secure mode
+        draws its batches from the OS CSPRNG (no seed), every other phase from ``sampler_seed``."""
+        secure = self.dp and self.privacy.secure_mode
         return make_sampler(sampling=self.privacy.sampling, n=self.n, batch_size=self.batch_size,
-                            seed=self.sampler_seed)
+                            seed=None if secure else self.sampler_seed)
 
     def train_recipe(self, *, physical_batch_size: int) -> TrainRecipe:
         """The :class:`~training.dp.recipe.TrainRecipe` the engine runs this phase with."""

@@ -24,6 +24,7 @@ every call draws fresh randomness from the operating system's CSPRNG. The Opacus
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -231,19 +232,25 @@ class ShardedSampler:
     >>> shards[0].sample_rate == inner.sample_rate, shards[0].expected_batch_size
     (True, 20.0)
 
+    An unseeded sampler (secure mode: batches from the OS CSPRNG) is drawn by rank 0 alone and its batch sent to
+    the others by ``broadcast`` (rank 0's value in, rank 0's value out on every rank).
+
     Raises:
-        ValueError: a rank outside [0, world_size), or a sampler without a seed (each rank would draw another
-            batch; secure mode shares rank 0's secret seed instead).
+        ValueError: a rank outside [0, world_size), or an unseeded sampler without ``broadcast`` (each rank would
+            draw another logical batch).
     """
 
-    def __init__(self, inner: BatchSampler, *, rank: int, world_size: int) -> None:
+    def __init__(self, inner: BatchSampler, *, rank: int, world_size: int,
+                 broadcast: Callable[[np.ndarray | None], np.ndarray] | None = None) -> None:
         self.world_size = _check_int("world_size", world_size, 1)
         self.rank = _check_int("rank", rank, 0)
         if self.rank >= self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {rank}")
-        if getattr(inner, "seed", 0) is None:
-            raise ValueError("a sharded sampler needs a seeded sampler: with seed=None every rank would draw "
-                             "another logical batch")
+        self.shared = getattr(inner, "seed", 0) is None
+        if self.shared and broadcast is None:
+            raise ValueError("a sharded sampler over an unseeded sampler needs a broadcast of rank 0's batch: "
+                             "with seed=None every rank would draw another logical batch")
+        self.broadcast = broadcast
         self.inner = inner
         self.sampling = inner.sampling
         self.n = inner.n
@@ -258,7 +265,11 @@ class ShardedSampler:
 
     def indices(self, step: int) -> np.ndarray:
         """This rank's positions of step ``step``'s logical batch."""
-        return self.inner.indices(step)[self.rank::self.world_size]
+        if self.shared:
+            batch = self.broadcast(self.inner.indices(step) if self.rank == 0 else None)
+        else:
+            batch = self.inner.indices(step)
+        return batch[self.rank::self.world_size]
 
     def __repr__(self) -> str:
         return f"ShardedSampler({self.inner!r}, rank={self.rank}, world_size={self.world_size})"
