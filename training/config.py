@@ -14,11 +14,13 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from training.errors import ConfigError
 
@@ -40,6 +42,7 @@ __all__ = [
     "TrainingConfig",
     "TrainConfig",
     "load_yaml",
+    "safe_load_yaml",
     "apply_overrides",
     "parse_override",
     "validate_config",
@@ -48,11 +51,30 @@ __all__ = [
 ]
 
 
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field annotation accepts ``True``/``False`` as such (``bool``, ``Any``, a union holding them)."""
+    if annotation is bool or annotation is Any:
+        return True
+    if typing.get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in typing.get_args(annotation))
+    return any(_admits_bool(a) for a in typing.get_args(annotation))
+
+
 class Strict(BaseModel):
     """Base for every config section: unknown keys are errors; floats are finite (``.inf`` and ``.nan`` are errors:
-    an infinite learning rate or clipping norm trains an all-NaN model); instances are immutable."""
+    an infinite learning rate or clipping norm trains an all-NaN model); ``true``/``false`` are not numbers
+    (YAML reads ``steps: yes`` as True, which pydantic would take for 1 step); instances are immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and not _admits_bool(field.annotation):
+                raise PydanticCustomError("bool_not_allowed", "Input should not be a boolean (true/false)")
+        return value
 
 
 class DataConfig(Strict):
@@ -101,6 +123,10 @@ class PrivacyConfig(Strict):
             raise ValueError(f"privacy.target_epsilon must be > 0, got {self.target_epsilon}")
         if self.delta is not None and not 0.0 < self.delta < 1.0:
             raise ValueError(f"privacy.delta must be in (0, 1), got {self.delta}")
+        if self.enabled and self.noise_multiplier is not None and not self.noise_multiplier > 0:
+            raise ValueError(f"privacy.noise_multiplier must be > 0 when privacy is enabled (sigma = 0 adds no noise "
+                             f"and supports no finite epsilon), got {self.noise_multiplier}; set privacy.enabled: "
+                             f"false to train without DP")
         if self.enabled and self.noise_multiplier is not None and self.target_epsilon is not None:
             raise ValueError("give privacy.noise_multiplier or privacy.target_epsilon, not both")
         if self.enabled and self.noise_multiplier is None and self.target_epsilon is None:
@@ -238,19 +264,55 @@ class TrainConfig(Strict):
 # ----------------------------------------------------------------------------------------- loading
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (YAML would silently keep the last value)", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_yaml(text: str | bytes) -> Any:
+    """``yaml.safe_load`` of ``text`` (bytes must be UTF-8), refusing duplicate keys; builds no Python objects.
+
+    >>> safe_load_yaml("{a: 1, b: [2, 3]}")
+    {'a': 1, 'b': [2, 3]}
+    >>> safe_load_yaml("{a: 1, a: 2}")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    yaml.constructor.ConstructorError: duplicate key 'a' (YAML would silently keep the last value)
+    ...
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # "[[[[...]]]]" nested deeper than the parser's stack
+        raise yaml.YAMLError("nested too deeply to be a config") from None
+
+
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a YAML mapping with ``yaml.safe_load``; a missing or malformed file is a :class:`ConfigError`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path} (pass a YAML file, e.g. eval_configs/quickstart.yaml)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_yaml(path.read_bytes())
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
     if data is None:
-        data = {}
+        raise ConfigError(f"config file {path} is empty; it must hold a mapping of sections (see "
+                          f"eval_configs/quickstart.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
     return data

@@ -103,6 +103,8 @@ def read_json(path: str | os.PathLike[str], *, what: str = "file") -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{what} {path} is not valid JSON ({exc}); re-create it") from None
+    except RecursionError:  # "[[[[...]]]]" nested deeper than the parser's stack
+        raise CheckpointError(f"{what} {path} is nested too deeply to be a dp-audit file; re-create it") from None
 
 
 def write_npy(path: str | os.PathLike[str], array: np.ndarray) -> Path:

@@ -15,6 +15,7 @@ the ``module.`` prefix that DataParallel adds is removed.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,6 +43,17 @@ def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, to
     return dict(state)
 
 
+_TORCH_BOILERPLATE = ("Weights only load failed", "Check the documentation", "Please file an issue")
+
+
+def _torch_load_reason(exc: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` refused, without torch's advice to unpickle the file anyway."""
+    text = str(exc).split("WeightsUnpickler error:")[-1]
+    parts = [" ".join(p.split()) for p in text.split("\n\n")]
+    parts = [p for p in parts if p and not p.startswith(_TORCH_BOILERPLATE)]
+    return (parts[0].split(" Please use")[0] if parts else type(exc).__name__)[:160]
+
+
 def load_weights_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Load a name → tensor map from a weights file, on CPU, without unpickling arbitrary objects.
 
@@ -64,11 +76,13 @@ def load_weights_file(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         obj: object = load_safetensors(path)
     elif suffix in TORCH_SUFFIXES:
         try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns about pickle protocols before refusing a file
+                warnings.simplefilter("ignore")
+                obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for bad files
-            reason = " ".join(str(exc).split())[:200]
-            raise CheckpointError(f"weights file {path} is corrupt or not a weights-only torch file ({reason}); "
-                                  f"re-save it as a state dict or .safetensors") from None
+            raise CheckpointError(f"weights file {path} is corrupt, or holds pickled objects besides tensors, which "
+                                  f"dp-audit never unpickles ({_torch_load_reason(exc)}); re-save it as a state dict "
+                                  f"or .safetensors") from None
     else:
         raise CheckpointError(f"weights file {path} has unsupported suffix {suffix!r}; use .safetensors or "
                               f"one of {', '.join(TORCH_SUFFIXES)}")

@@ -8,6 +8,7 @@ fingerprints before trusting anything. A hand-written manifest of the same schem
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from training.config import DataConfig, ModelConfig
 from training.errors import CheckpointError
@@ -40,6 +41,10 @@ __all__ = [
 ]
 
 
+#: A file the manifest names inside its run directory: a plain name, never a path (``../x``, ``/etc/passwd``).
+_FILE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+
+
 class _M(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -55,7 +60,7 @@ class ModelInfo(_M):
     fix_batchnorm: bool = True
     param_count: int
     trainable_param_count: int
-    weights_file: str = WEIGHTS_FILE
+    weights_file: str = Field(WEIGHTS_FILE, pattern=_FILE_NAME, description="a file name in the run directory")
     weights_sha256: str
     frozen: list[str] = Field(default_factory=list, description="parameter names not trained")
     notes: list[str] = Field(default_factory=list, description="e.g. 'BatchNorm2d -> GroupNorm(...)'")
@@ -81,7 +86,7 @@ class DataInfo(_M):
     pool_seed: int | None = None
     pool_subset: bool = False
     pool_fingerprint: str = Field(description="sha256 over the pool's x and y arrays (training.io.fingerprint_arrays)")
-    membership_file: str = MEMBERSHIP_FILE
+    membership_file: str = Field(MEMBERSHIP_FILE, pattern=_FILE_NAME, description="a file name in the run directory")
     membership_sha256: str
     membership: MembershipInfo
     nonmember_split: str | None = Field(None, description="external checkpoints: split whose examples are OUT")
@@ -117,6 +122,14 @@ class PrivacyInfo(_M):
     phases: list[PhaseInfo] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _check_claim(self) -> "PrivacyInfo":
+        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"privacy.epsilon must be a finite number > 0 (or null: no claim), got {self.epsilon}")
+        if self.delta is not None and not 0.0 < self.delta < 1.0:
+            raise ValueError(f"privacy.delta must be in (0, 1) (or null), got {self.delta}")
+        return self
+
     @property
     def claimed_epsilon(self) -> float:
         """The claimed epsilon; +inf when the checkpoint makes no DP claim."""
@@ -131,7 +144,7 @@ class Provenance(_M):
     opacus: str | None = None
     timm: str | None = None
     seed: int | None = None
-    config_file: str | None = CONFIG_FILE
+    config_file: str | None = Field(CONFIG_FILE, pattern=_FILE_NAME, description="a file name in the run directory")
     config_sha256: str | None = None
     created: str
     command: str | None = None

@@ -138,8 +138,10 @@ def read_config(run_dir: Path, manifest: Manifest, text: bytes, parse: Callable[
 def _parse_yaml(path: Path, text: bytes) -> Any:
     import yaml
 
+    from training.config import safe_load_yaml
+
     try:
-        return yaml.safe_load(text.decode("utf-8"))
+        return safe_load_yaml(text)
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid YAML ({exc}); re-create the run") from None
 
@@ -360,10 +362,13 @@ class VerifiedRun:
         module = built.module
         try:
             module.load_state_dict(self.state_dict, strict=True)
-        except RuntimeError as exc:
-            first = str(exc).splitlines()[0]
-            raise CheckpointError(f"weights in {self.run_dir / m.weights_file} do not fit architecture {m.arch}: "
-                                  f"{first}") from None
+        except RuntimeError as exc:  # torch: "Error(s) in loading state_dict for X:\n\t<first problem>\n\t..."
+            problems = [" ".join(ln.split()) for ln in str(exc).splitlines()[1:] if ln.strip()]
+            first = (problems or [str(exc)])[0]
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise CheckpointError(f"weights in {self.run_dir / m.weights_file} do not fit architecture {m.arch} with "
+                                  f"the manifest's num_classes={m.num_classes}, input_shape={tuple(m.input_shape)}: "
+                                  f"{first[:300]}{more}") from None
         if not keep_weights:
             self._state = None
         return module.to(device).eval()
