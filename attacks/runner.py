@@ -15,7 +15,9 @@
    reference in turn is the target and the others its references, Carlini et al. 2022 Sec. V; the per-attack
    metrics then describe reference model 0) or both.
 5. ``attack.json`` (:class:`attacks.attack_file.AttackFile`) and ``scores.npz`` (``pool_index``, ``membership``,
-   ``labels``, ``score_<attack>``; every score "higher = member"), written atomically.
+   ``labels``, ``score_<attack>``; every score "higher = member"; ``inputs_digest``: the target's identity,
+   :func:`training.run.inputs_digest`, so ``audit epsilon`` refuses scores made for other weights), written
+   atomically.
 
 The settings are an :class:`attacks.config.AttackConfig` (the ``attack:`` section of an experiment config).
 """
@@ -40,7 +42,7 @@ from training.device import resolve_device
 from training.errors import CheckpointError, UserError
 from training.evaluate import accuracy
 from training.io import read_json, write_npz
-from training.run import VerifiedRun, as_run, inputs_record, is_current
+from training.run import VerifiedRun, as_run, inputs_digest, inputs_record, is_current
 from training.run.lock import run_lock
 
 __all__ = ["AttackResult", "run_attack", "attack_is_complete"]
@@ -210,7 +212,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
     })
     out = target.run_dir
     write_npz(out / "scores.npz", pool_index=np.arange(len(labels)), membership=truth, labels=labels,
-              **{f"score_{n}": s for n, s in scores.items()})
+              inputs_digest=np.array(inputs_digest(target)), **{f"score_{n}": s for n, s in scores.items()})
     write_attack_file(out, report)
     return AttackResult(run_dir=out, report=report, scores=scores, membership=truth,
                         shadows_trained=0 if shadows is None else shadows.trained)

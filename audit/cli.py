@@ -19,11 +19,16 @@ COMMANDS = ("train", "accountant", "attack", "import_", "epsilon", "transfer", "
 
 
 class AuditGroup(click.Group):
-    """A click group that turns :class:`UserError` into a one-line message and exit code 2."""
+    """A click group that turns :class:`UserError` and click's usage errors (a missing argument, a path that
+    does not exist, an unknown option) into a one-line message and exit code 2."""
 
     def invoke(self, ctx: click.Context):  # noqa: D401
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a bad argument or option: one line, like every other input error
+            command = f"audit {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "audit"
+            click.echo(f"error: {exc.format_message().rstrip('.')} (see '{command} --help')", err=True)
+            sys.exit(2)
         except UserError as exc:
             if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: rank 0 says so once
                 click.echo(f"error: {exc}", err=True)

@@ -25,7 +25,7 @@ from training.accounting import noise_multiplier_for
 from training.errors import CheckpointError, ConfigError, DataError, UserError
 from training.io import (fingerprint_arrays, save_safetensors, sha256_bytes, sha256_file, write_npy, write_npz,
                          write_text)
-from training.run import open_run
+from training.run import inputs_digest, open_run
 from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
                                    read_manifest, write_manifest)
 
@@ -93,8 +93,14 @@ def write_scores(run_dir: Path, *, signal: float, seed: int = 1, attacks=("lira_
     rng = np.random.default_rng(seed)
     arrays = {f"score_{a}": rng.normal(size=index.size) + signal * mem for a in attacks}
     recorded = ~mem if flip_membership else mem
-    write_npz(run_dir / "scores.npz", pool_index=index, membership=recorded, labels=np.zeros(index.size), **arrays)
+    write_npz(run_dir / "scores.npz", pool_index=index, membership=recorded, labels=np.zeros(index.size),
+              inputs_digest=np.array(identity_digest(run_dir)), **arrays)
     return mem
+
+
+def identity_digest(run_dir: Path) -> str:
+    """What ``audit attack`` records in ``scores.npz``: the run's identity digest."""
+    return inputs_digest(open_run(run_dir, verify=False))
 
 
 def read(run_dir: Path) -> dict:
@@ -182,7 +188,8 @@ def test_scores_of_another_run_and_nan_scores_are_refused(tmp_path):
     mem = np.load(run / "membership.npy")
     scores = np.where(mem, 1.0, 0.0)
     scores[3] = np.nan
-    write_npz(run / "scores.npz", pool_index=np.arange(mem.size), membership=mem, score_lira_online=scores)
+    write_npz(run / "scores.npz", pool_index=np.arange(mem.size), membership=mem, score_lira_online=scores,
+              inputs_digest=np.array(identity_digest(run)))
     with pytest.raises(DataError, match="NaN"):
         run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)))
     write_text(run / "scores.npz", "not an npz")

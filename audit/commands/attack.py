@@ -59,10 +59,15 @@ def command(run: str, config_path: str | None, variant: str | None, overrides: t
             no_progress: bool,
             trust_code: bool) -> None:
     """Attack the run in RUN (LOSS, Attack-P, LiRA, RMIA, ...) and write RUN/attack.json and RUN/scores.npz."""
+    from pathlib import Path
+
     from attacks.config import fit_to_run
     from attacks.runner import run_attack
+    from training.errors import CheckpointError
     from training.run import has_recipe
 
+    if not Path(run).is_dir():
+        raise CheckpointError(f"run directory not found: {run}")
     if ray_address is not None and executor is None:
         executor = "ray"
     extra = ([f"attack.executor={executor}"] * (executor is not None) + [f"attack.workers={workers}"] * (

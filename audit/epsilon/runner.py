@@ -132,7 +132,36 @@ def claim_is_gaussian(manifest: Manifest) -> bool:
         and (p.noise_multiplier or 0.0) > 0.0 for p in phases))
 
 
+def check_scores_identity(run: VerifiedRun) -> None:
+    """Refuse ``scores.npz`` unless it records this run's identity (:func:`training.run.inputs_digest`: verified
+    weights and membership, the manifest's pool); ``audit attack`` writes it. Scores made for other weights (a
+    checkpoint swapped after the attack, or copied from another run) would otherwise be judged as this model's.
+
+    Raises:
+        CheckpointError: the file records no identity or another one (it is not opened when absent).
+    """
+    import zipfile
+
+    from training.errors import CheckpointError
+    from training.run import inputs_digest
+
+    path = run.run_dir / SCORES_FILE
+    if not path.is_file():
+        return
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            recorded = str(npz["inputs_digest"]) if "inputs_digest" in npz.files else None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{path} is not a readable .npz file ({exc}); re-run 'audit attack'") from None
+    if recorded != inputs_digest(run):
+        raise CheckpointError(f"{path} was not computed from this run's weights, membership and pool (it records "
+                              f"{'no' if recorded is None else 'another'} identity); re-run 'audit attack "
+                              f"{run.run_dir}'")
+
+
 def _load_evidence(source: str, *, run: VerifiedRun, config: EpsilonConfig) -> Evidence | Skipped:
+    if source in ("pool", "input_canaries"):
+        check_scores_identity(run)
     if source == "pool":
         ev = pool_evidence(run=run, attack=config.attack)
     elif source == "input_canaries":

@@ -124,8 +124,8 @@ class PrivacyInfo(_M):
 
     @model_validator(mode="after")
     def _check_claim(self) -> "PrivacyInfo":
-        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"privacy.epsilon must be a finite number > 0 (or null: no claim), got {self.epsilon}")
+        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon >= 0):
+            raise ValueError(f"privacy.epsilon must be a finite number >= 0 (or null: no claim), got {self.epsilon}")
         if self.delta is not None and not 0.0 < self.delta < 1.0:
             raise ValueError(f"privacy.delta must be in (0, 1) (or null), got {self.delta}")
         return self

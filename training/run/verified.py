@@ -7,7 +7,7 @@ Auditors never trust a run directory blindly (DESIGN.md). :func:`open_run` parse
   same bytes; :meth:`VerifiedRun.model` builds the architecture and loads these tensors (no second read);
 * ``membership``: ``membership.npy``, sha256 and shape checked;
 * ``config``: ``config.yaml`` (runs written by ``audit train``), sha256 against ``provenance.config_sha256``,
-  validated into a :class:`~training.config.TrainConfig`;
+  validated into a :class:`~training.config.TrainConfig` with every download flag off (:func:`without_downloads`);
 * ``pool`` / ``population``: rebuilt with :func:`training.pool.build_pool` from the config (input canaries
   included), or from ``import.json`` (:mod:`training.run.imported`), or from the manifest alone, and refused
   unless its fingerprint equals ``data.pool_fingerprint``.
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from training.trust import CodeTrust
 
 __all__ = ["VerifiedRun", "open_run", "as_run", "read_weights", "decode_weights", "check_finite_weights",
-           "read_membership", "read_config", "read_pool"]
+           "read_membership", "read_config", "read_pool", "without_downloads"]
 
 
 def read_weights(run_dir: Path, manifest: Manifest) -> bytes:
@@ -130,9 +130,27 @@ def read_config(run_dir: Path, manifest: Manifest, text: bytes, parse: Callable[
                               f"training; restore it (or retrain) before auditing")
     data = parse()
     try:
-        return validate_config(data if isinstance(data, dict) else {}, TrainConfig, source=f"config error in {path}")
+        config = validate_config(data if isinstance(data, dict) else {}, TrainConfig, source=f"config error in {path}")
     except ConfigError as exc:
         raise CheckpointError(f"{path} is not a valid training config ({exc})") from None
+    return without_downloads(config)
+
+
+def without_downloads(config: TrainConfig) -> TrainConfig:
+    """``config`` with every dataset download flag off (``data.download``, ``training.continual.public.download``).
+
+    A received run's recipe is the vendor's: rebuilding its pool (for attacks, ε, reference models, the report)
+    must read the data already on the auditor's disk, never fetch what the vendor's flag asks for (a download
+    writes wherever ``data.root`` points). Missing data is then the usual one-line error naming the layout.
+
+    >>> cfg = TrainConfig.model_validate({"data": {"download": True}})
+    >>> without_downloads(cfg).data.download, without_downloads(cfg).training.continual.public.download
+    (False, False)
+    """
+    continual = config.training.continual
+    public = continual.public.model_copy(update={"download": False})
+    training = config.training.model_copy(update={"continual": continual.model_copy(update={"public": public})})
+    return config.model_copy(update={"data": config.data.model_copy(update={"download": False}), "training": training})
 
 
 def _parse_yaml(path: Path, text: bytes) -> Any:
@@ -163,6 +181,13 @@ def read_pool(run: VerifiedRun, built: Pool | None = None) -> tuple[ImageSet, Im
     manifest, population, source = run.manifest, None, "none"
     if run.has_recipe:
         config = run.config
+        said = {k: getattr(manifest.data, k) for k in ("dataset", "split", "image_size")}
+        used = {k: getattr(config.data, k) for k in said}
+        if said != used:
+            key = next(k for k in said if said[k] != used[k])
+            raise CheckpointError(f"{run.run_dir}: the manifest's data.{key} = {said[key]!r} differs from "
+                                  f"{CONFIG_FILE}'s data.{key} = {used[key]!r}: the run directory was edited; "
+                                  f"restore it (or retrain) before auditing")
         built = built if built is not None else build_pool(config)
         pool, population = built.images, built.test
         if population is not None:
