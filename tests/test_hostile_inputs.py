@@ -1,175 +1,192 @@
-"""Hostile inputs: what a careless user or a dishonest vendor can hand the auditor, and what must happen.
+"""Hostile inputs, part 1: configs, datasets and weights files a careless user or a dishonest vendor hands over.
 
-This is the one file a reviewer reads to see how dp-audit treats bad input. Every case goes through the command line
-where feasible and must end the same way: exit code 2, one line on stderr starting with ``error:``, no traceback,
-and no half-written output. Forged claims are not input errors: they must turn the verdict into ``VIOLATION`` with
-a message that says why. Cases already covered in detail elsewhere are listed at the bottom (:data:`ELSEWHERE`).
-
-One tiny DP run (digits, an MLP, 6 steps) is trained once per module; each test works on a copy.
+This file and tests/test_hostile_runs.py (run directories, checkpoints, claims, code named by a run) are the
+regression suite of issue 11: every bad input must end the same way (:func:`hostile_common.assert_error`): exit
+code 2, one line on stderr starting with ``error:`` that names the problem, no traceback, no half-written output,
+and no code from the input ever runs (:class:`hostile_common.Payload` writes a marker file when unpickled). Cases
+tested in detail elsewhere are indexed in :data:`test_hostile_runs.ELSEWHERE`.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
+import pickle
 import re
-import shutil
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import yaml
-from click.testing import CliRunner
+from hostile_common import Payload, assert_error, cli, write_cfg
 
 from audit.cli import main
-from training.io import load_safetensors, save_safetensors, sha256_file, write_json, write_npz
-
-TINY = {
-    "name": "tiny",
-    "data": {"dataset": "digits", "pool_size": 240, "test_size": 60},
-    "model": {"arch": "mlp", "kwargs": {"hidden": [16]}},
-    "privacy": {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1e-4},
-    "optim": {"name": "sgd", "lr": 0.5},
-    "training": {"steps": 6, "batch_size": 32, "physical_batch_size": 32, "checkpoint_every": 2,
-                 "progress": False, "log_every": 2, "device": "cpu"},
-    "attack": {"n_reference": 0, "attacks": ["loss", "attack_p"], "population": 20, "n_bootstrap": 5,
-               "device": "cpu"},
-    "epsilon": {"sources": ["pool"], "attack": "loss"},
-}
-ATTACK_ARGS = ["--set", "attack.n_reference=0", "--set", "attack.attacks=[loss,attack_p]", "--set",
-               "attack.population=20", "--set", "attack.n_bootstrap=5", "--set", "attack.device=cpu", "--no-progress"]
-
-
-def write_cfg(path: Path, output_dir: Path, **over) -> Path:
-    data = json.loads(json.dumps(TINY))
-    data["output_dir"] = str(output_dir)
-    for key, value in over.items():
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def cli(*args: str):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def assert_error(result, pattern: str) -> str:
-    """Exit 2, exactly one line starting with ``error:``, no traceback, matching ``pattern``."""
-    out = result.output.strip()
-    assert result.exit_code == 2, (result.exit_code, out, result.exception)
-    lines = [ln for ln in out.splitlines() if ln.strip()]
-    assert lines and lines[-1].startswith("error: "), out
-    assert "Traceback" not in out and not any(ln.startswith("error: ") for ln in lines[:-1]), out
-    assert re.search(pattern, lines[-1]), lines[-1]
-    return lines[-1]
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    """The tiny DP run, attacked with the reference-free attacks (so epsilon's pool source has scores)."""
-    root = tmp_path_factory.mktemp("hostile")
-    cfg = write_cfg(root / "cfg.yaml", root / "runs")
-    r = cli("train", cfg, "--no-progress")
-    assert r.exit_code == 0, r.output
-    run = root / "runs" / "tiny"
-    r = cli("attack", run, *ATTACK_ARGS)
-    assert r.exit_code == 0, r.output
-    return run
-
-
-@pytest.fixture
-def run(base: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "tiny"
-    shutil.copytree(base, dst)
-    return dst
-
-
-def edit_json(path: Path, fn) -> None:
-    data = json.loads(path.read_text())
-    fn(data)
-    write_json(path, data)
-
-
-def rehash_weights(run: Path) -> None:
-    """What a vendor does after editing the weights: record their new sha256 in the manifest."""
-    digest = sha256_file(run / "model.safetensors")
-    edit_json(run / "manifest.json", lambda m: m["model"].__setitem__("weights_sha256", digest))
-
+from training.io import save_safetensors
 
 # ------------------------------------------------------------------------------------------ configs (train)
 
+BAD_VALUES = [
+    # non-finite and out-of-range numbers
+    (["optim.lr=.inf"], r"optim\.lr: Input should be a finite number, got inf"),
+    (["optim.lr=.nan"], r"optim\.lr: Input should be a finite number"),
+    (["optim.lr=1e400"], r"optim\.lr: Input should be a finite number"),
+    (["privacy.max_grad_norm=.inf"], r"privacy\.max_grad_norm: Input should be a finite number"),
+    (["privacy.noise_multiplier=.inf"], r"privacy\.noise_multiplier: Input should be a finite number"),
+    (["privacy.noise_multiplier=-1"], r"privacy\.noise_multiplier: Input should be greater than or equal to 0"),
+    (["privacy.noise_multiplier=0"], r"privacy\.noise_multiplier must be > 0 when privacy is enabled"),
+    (["privacy.delta=.nan"], r"privacy\.delta: Input should be a finite number"),
+    (["optim.momentum=-.inf"], r"optim\.momentum: Input should be a finite number"),
+    (["optim.momentum=1"], r"optim\.momentum: Input should be less than 1"),
+    (["optim.weight_decay=-1"], r"optim\.weight_decay: Input should be greater than or equal to 0"),
+    (["data.image_size=4096"], r"data\.image_size: Input should be less than or equal to 1024, got 4096"),
+    (["data.image_size=0"], r"data\.image_size: Input should be greater than 0"),
+    (["data.pool_size=0"], r"data\.pool_size: Input should be greater than 0"),
+    (["data.pool_size=100000"], r"data\.pool_size=100000 but digits split 'train' has only \d+ examples"),
+    (["data.member_prob=1"], r"data\.member_prob: Input should be less than 1"),
+    (["data.member_prob=0"], r"data\.member_prob: Input should be greater than 0"),
+    (["training.steps=0"], r"training\.steps: Input should be greater than 0"),
+    (["training.epochs=0"], r"training\.epochs: Input should be greater than 0"),
+    (["training.batch_size=0"], r"training\.batch_size: Input should be greater than 0"),
+    (["training.physical_batch_size=0"], r"training\.physical_batch_size: Input should be greater than 0"),
+    (["training.batch_size=100000"], r"larger than the \d+ training examples"),
+    (["training.log_every=0"], r"training\.log_every: Input should be greater than 0"),
+    (["training.seed=-1"], r"training\.seed: Input should be greater than or equal to 0"),
+    (["training.canaries.count=-1"], r"training\.canaries\.count: Input should be greater than or equal to 0"),
+    # impossible privacy parameters
+    (["privacy.delta=1.5"], r"privacy\.delta must be in \(0, 1\), got 1\.5"),
+    (["privacy.delta=0"], r"privacy\.delta must be in \(0, 1\), got 0\.0"),
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=0"], r"privacy\.target_epsilon must be > 0"),
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=-1"], r"privacy\.target_epsilon must be > 0"),
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=.inf"], r"privacy\.target_epsilon: .* finite"),
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=1e-6"],
+     r"target epsilon 1e-06 is unreachable .* raise the target epsilon or delta"),
+    (["privacy.target_epsilon=2"], r"give privacy\.noise_multiplier or privacy\.target_epsilon, not both"),
+    (["privacy.noise_multiplier=null"], r"set privacy\.target_epsilon or privacy\.noise_multiplier"),
+    # wrong types
+    (["training.steps=abc"], r"training\.steps: Input should be a valid integer"),
+    (["training.steps=1.5"], r"training\.steps: Input should be a valid integer, got a number with a fractional"),
+    (["training.steps=yes"], r"training\.steps: Input should not be a boolean"),
+    (["optim.lr=true"], r"optim\.lr: Input should not be a boolean"),
+    (["optim.lr=fast"], r"optim\.lr: Input should be a valid number"),
+    (["data=5"], r"data: Input should be a valid dictionary"),
+    (["name=null"], r"name: Input should be a valid string"),
+    (["optim.lr.x=1"], r"cannot set optim\.lr\.x: lr is a value, not a section"),
+    # choices and names
+    (["training.device=tpu"], r"training\.device: Input should be 'auto', 'cpu' or 'cuda'"),
+    (["optim.name=lion"], r"optim\.name: Input should be 'sgd', 'adam' or 'adamw', got 'lion'"),
+    (["privacy.accountant=gdp"], r"privacy\.accountant: Input should be 'prv' or 'rdp'"),
+    (["privacy.sampling=foo"], r"privacy\.sampling: Input should be 'poisson' or 'shuffle'"),
+    (["privacy.clipping=none"], r"privacy\.clipping"),
+    (["training.canaries.kind=x"], r"training\.canaries\.kind: Input should be 'mislabel' or 'ood'"),
+    (["name=../escape"], r"name: String should match pattern"),
+    (["data.dataset=nope"], r"unknown dataset 'nope'; valid names: digits"),
+    (["data.split=bogus"], r"digits: unknown split 'bogus'; valid splits: train, test"),
+    (["data.test_split=train"], r"data\.test_split 'train' is the training split"),
+    (["data.download=true"], r"digits: cannot be downloaded; set data\.download: false"),
+    (["model.arch=nope"], r"unknown model\.arch 'nope': use one of small_cnn"),
+    (["model.arch=hf-hub:timm/resnet18"], r"asks timm to fetch a model from hf-hub; dp-audit never downloads"),
+    (["model.arch=resnet18", "model.kwargs={checkpoint_path: /etc/passwd}"],
+     r"model\.kwargs may not set checkpoint_path: dp-audit never downloads"),
+    (["model.kwargs={hidden: x}"], r"model\.kwargs for 'mlp' are invalid"),
+    (["model.kwargs={bogus: 1}"], r"model\.kwargs \['bogus'\] are not accepted by 'mlp'; allowed"),
+    (["model.freeze=[nomatch*]"], r"model\.freeze pattern 'nomatch\*' matches no parameter"),
+    (["training.recipe=finetune"], r"finetune needs training\.finetune\.checkpoint"),
+    # misspelt keys
+    (["optim.nesterov=true"], r"unknown key 'optim\.nesterov'"),
+    (["nosection.key=1"], r"unknown key 'nosection'"),
+    (["privacy.epsilon=1"], r"unknown key 'privacy\.epsilon' .*did you mean"),
+]
 
-@pytest.mark.parametrize("override, pattern", [
-    ("optim.lr=.inf", r"optim\.lr: Input should be a finite number, got inf"),
-    ("optim.lr=.nan", r"optim\.lr: Input should be a finite number"),
-    ("privacy.max_grad_norm=.inf", r"privacy\.max_grad_norm: Input should be a finite number"),
-    ("privacy.noise_multiplier=.inf", r"privacy\.noise_multiplier: Input should be a finite number"),
-    ("privacy.delta=.nan", r"privacy\.delta: Input should be a finite number"),
-    ("optim.momentum=-.inf", r"optim\.momentum: Input should be a finite number"),
-    ("data.image_size=4096", r"data\.image_size: Input should be less than or equal to 1024, got 4096"),
-    ("data.image_size=0", r"data\.image_size: Input should be greater than 0"),
-    ("training.steps=0", r"training\.steps: Input should be greater than 0"),
-    ("data.member_prob=1", r"data\.member_prob: Input should be less than 1"),
-    ("training.device=tpu", r"training\.device: Input should be 'auto', 'cpu' or 'cuda'"),
-    ("name=../escape", r"name: String should match pattern"),
-    ("privacy.clipping=none", r"privacy\.clipping"),
-    ("training.batch_size=100000", r"larger than the \d+ training examples"),
-    ("optim.nesterov=true", r"unknown key 'optim\.nesterov'"),
-    ("nosection.key=1", r"unknown key 'nosection'"),
-], ids=lambda v: v if isinstance(v, str) and "=" in v else "")
-def test_bad_config_values_stop_before_training(tmp_path, override, pattern):
+
+@pytest.mark.parametrize("overrides, pattern", BAD_VALUES, ids=[",".join(o) for o, _ in BAD_VALUES])
+def test_bad_config_values_stop_before_training(tmp_path, overrides, pattern):
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs")
-    assert_error(cli("train", cfg, "--no-progress", "--set", override), pattern)
-    assert not (tmp_path / "runs" / "tiny").exists()
+    assert_error(cli("train", cfg, "--no-progress", *[a for o in overrides for a in ("--set", o)]), pattern)
+    assert not (tmp_path / "runs" / "tiny").exists()  # refused before any work: no run directory
 
 
-@pytest.mark.parametrize("text, pattern", [
+DEEP = "[" * 20000 + "]" * 20000
+YAML_FILES = [
     ("- a\n- b\n", "must hold a mapping"),
-    ("data: {dataset: [unclosed\n", "not valid YAML"),
-    ("!!python/object/apply:os.system ['true']\n", "not valid YAML"),
-])
-def test_bad_yaml_files(tmp_path, text, pattern):
+    ("just a string\n", "must hold a mapping"),
+    ("", "is empty"),
+    ("data: {dataset: [unclosed\n", "not valid YAML at line"),
+    ("!!python/object/apply:os.system ['touch PWNED']\n", "not valid YAML"),
+    ("name: a\nname: b\n", r"duplicate key 'name'"),
+    (DEEP, "nested too deeply"),
+    (b"name: \xff\xfe\x80\n", "is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("text, pattern", YAML_FILES,
+                         ids=["list", "scalar", "empty", "unclosed", "python-tag", "duplicate-key", "deep", "binary"])
+def test_bad_yaml_files(tmp_path, monkeypatch, text, pattern):
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "cfg.yaml"
-    path.write_text(text)
-    assert_error(cli("train", path), pattern)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert_error(cli("train", path, "--no-progress"), pattern)
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "results").exists()
 
 
-def test_bad_overrides_and_cli_arguments(tmp_path):
+CLI_ARGS = [
+    (["train", "{cfg}", "--set", "privacy.delta"], "--set expects KEY=VALUE"),
+    (["train", "{cfg}", "--variant", "x"], "defines no variants"),
+    (["train", "{tmp}/missing.yaml"], "config file not found"),
+    (["train", "{tmp}"], r"Invalid value for 'CONFIG': File .* is a directory \(see 'audit train --help'\)"),
+    (["run", "{cfg}", "--steps", "train,fly"], r"unknown step\(s\) \['fly'\]"),
+    (["train", "{cfg}", "--bogus"], r"No such option '--bogus' \(see 'audit train --help'\)"),
+    (["fly"], r"No such command 'fly'"),
+    (["attack"], r"Missing argument 'RUN'"),
+    (["epsilon", "{tmp}", "--alpha", "x"], r"'x' is not a valid float"),
+    (["gate", "{tmp}", "{tmp}"], r"Missing option '--policy'"),
+]
+
+
+@pytest.mark.parametrize("args, pattern", CLI_ARGS, ids=[" ".join(a) for a, _ in CLI_ARGS])
+def test_bad_command_lines(tmp_path, args, pattern):
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs")
-    assert_error(cli("train", cfg, "--set", "privacy.delta"), "--set expects KEY=VALUE")
-    assert_error(cli("train", cfg, "--variant", "x"), "defines no variants")
-    assert_error(cli("train", tmp_path / "missing.yaml"), "config file not found")
-    assert_error(cli("run", cfg, "--steps", "train,fly"), r"unknown step\(s\) \['fly'\]")
+    assert_error(cli(*[a.format(cfg=cfg, tmp=tmp_path) for a in args]), pattern)
 
 
 # -------------------------------------------------------------------------------------------------- data
 
 
-def _npz(path: Path, *, y, x=None) -> Path:
+def _npz(path, *, y, x=None):
     y = np.asarray(y)
     x = np.zeros((len(y), 8, 8, 3), np.uint8) if x is None else x
     np.savez(path, x=x, y=y)
-    return path
 
 
-@pytest.mark.parametrize("make, pattern", [
-    (lambda d: _npz(d / "train.npz", y=[0, 1, 10**9, 2]), r"label 1000000000 .* implies 1000000001 classes"),
-    (lambda d: _npz(d / "train.npz", y=[0, -1, 1, 2]), r"labels in .* must be >= 0, got -1"),
-    (lambda d: _npz(d / "train.npz", y=[0.5, 1.0, 0.0, 1.0]), "must hold integer labels"),
-    (lambda d: _npz(d / "train.npz", y=[0, 1, 2, 3], x=np.zeros((4, 8, 8, 3), np.float32)), "must be uint8"),
-    (lambda d: _npz(d / "train.npz", y=np.array([0, 1, "a", None], dtype=object)), "without unpickling"),
-    (lambda d: (d / "train.npz").write_bytes(b"PK\x03\x04 truncated"), "cannot read"),
-    (lambda d: np.savez(d / "train.npz", x=np.zeros((4, 8, 8, 3), np.uint8)), r"lacks array\(s\) y"),
-], ids=["huge-label", "negative-label", "float-labels", "float-images", "object-labels", "truncated", "no-y"])
+def _pickled_npz(d):
+    with open(d / "train.npz", "wb") as fh:
+        pickle.dump({"x": Payload(d.parent / "PWNED")}, fh)
+
+
+NPZ_FILES = [
+    ("huge-label", lambda d: _npz(d / "train.npz", y=[0, 1, 10**9, 2]),
+     r"label 1000000000 .* implies 1000000001 classes"),
+    ("negative-label", lambda d: _npz(d / "train.npz", y=[0, -1, 1, 2]), r"labels in .* must be >= 0, got -1"),
+    ("float-labels", lambda d: _npz(d / "train.npz", y=[0.5, 1.0, 0.0, 1.0]), "must hold integer labels"),
+    ("label-beyond-classes-txt",
+     lambda d: (_npz(d / "train.npz", y=[0, 1, 2, 5]), (d / "classes.txt").write_text("a\nb\nc\n")),
+     r"must lie in \[0, 3\)"),
+    ("float-images", lambda d: _npz(d / "train.npz", y=[0, 1, 2, 3], x=np.zeros((4, 8, 8, 3), np.float32)),
+     "must be uint8"),
+    ("gray-images", lambda d: _npz(d / "train.npz", y=[0, 1, 2, 3], x=np.zeros((4, 8, 8), np.uint8)),
+     r"shape \(N, H, W, 3\)"),
+    ("length-mismatch", lambda d: _npz(d / "train.npz", y=[0, 1, 2], x=np.zeros((4, 8, 8, 3), np.uint8)),
+     r"must have shape \(4,\)"),
+    ("object-labels", lambda d: _npz(d / "train.npz", y=np.array([0, 1, "a", None], dtype=object)),
+     "without unpickling"),
+    ("object-images", lambda d: _npz(d / "train.npz", y=[0, 1], x=np.array([Payload(d.parent / "PWNED"), 1],
+                                                                           dtype=object)), "without unpickling"),
+    ("pickle-not-npz", _pickled_npz, "cannot read"),
+    ("truncated", lambda d: (d / "train.npz").write_bytes(b"PK\x03\x04 truncated"), "cannot read"),
+    ("no-y", lambda d: np.savez(d / "train.npz", x=np.zeros((4, 8, 8, 3), np.uint8)), r"lacks array\(s\) y"),
+    ("missing-file", lambda d: None, r"npz: no data at"),
+]
+
+
+@pytest.mark.parametrize("make, pattern", [(m, p) for _, m, p in NPZ_FILES], ids=[i for i, _, _ in NPZ_FILES])
 def test_bad_npz_data(tmp_path, make, pattern):
     data = tmp_path / "data"
     data.mkdir()
@@ -177,25 +194,75 @@ def test_bad_npz_data(tmp_path, make, pattern):
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs", **{"data.dataset": "npz", "data.root": str(data),
                                                                   "data.pool_size": None, "data.test_split": None})
     assert_error(cli("train", cfg, "--no-progress"), pattern)
-    assert not (tmp_path / "runs" / "tiny" / "manifest.json").exists()
+    assert not (tmp_path / "runs" / "tiny").exists() and not (tmp_path / "PWNED").exists()
 
 
-def test_malicious_pickle_in_cifar_runs_no_code(tmp_path):
-    import pickle
+CIFAR_FILES = ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"]
 
-    class Evil:
-        def __reduce__(self):
-            return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
+@pytest.mark.parametrize("batch, pattern", [
+    (lambda m: pickle.dumps({b"data": Payload(m), b"labels": [0]}, protocol=2), r"refusing to unpickle"),
+    (lambda m: pickle.dumps(Payload(m), protocol=2), r"refusing to unpickle"),
+    (lambda m: pickle.dumps({b"data": np.array([Payload(m)], dtype=object), b"labels": [0]}, protocol=2),
+     r"refusing to unpickle"),
+    (lambda m: pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0]}, protocol=2)[:40],
+     r"corrupt|truncated|cannot read"),
+], ids=["payload-inside", "payload-at-top", "object-array", "truncated"])
+def test_bad_cifar_pickles_run_no_code(tmp_path, batch, pattern):
+    marker = tmp_path / "PWNED"
     folder = tmp_path / "cifar" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
-    for name in ["batches.meta", "data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",
-                 "test_batch"]:
-        (folder / name).write_bytes(pickle.dumps({b"data": Evil(), b"labels": [0]}, protocol=2))
+    for name in ["batches.meta", *CIFAR_FILES]:
+        (folder / name).write_bytes(batch(marker))
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs",
                     **{"data.dataset": "cifar10", "data.root": str(tmp_path / "cifar")})
-    assert_error(cli("train", cfg, "--no-progress"), r"refusing to unpickle")
-    assert not (tmp_path / "pwned").exists()
+    assert_error(cli("train", cfg, "--no-progress"), pattern)
+    assert not marker.exists() and not (tmp_path / "runs" / "tiny").exists()
+
+
+# ------------------------------------------------------------------ weights files named by a config
+
+
+def _mlp_state():
+    from training.config import ModelConfig
+    from training.models import build_model
+
+    return build_model(ModelConfig(arch="mlp", kwargs={"hidden": [16]}), num_classes=10,
+                       input_shape=(3, 8, 8)).module.net.state_dict()
+
+
+WEIGHTS_FILES = [
+    ("payload.pt", lambda p, m: torch.save({"w": Payload(m)}, p), r"never unpickles .*posix\.system"),
+    ("raw-pickle.pth", lambda p, m: p.write_bytes(pickle.dumps(Payload(m))), "never unpickles"),
+    ("whole-module.pt", lambda p, m: torch.save(torch.nn.Linear(2, 2), p), r"never unpickles .*Linear"),
+    ("garbage.pt", lambda p, m: p.write_bytes(b"garbage"), "corrupt"),
+    ("payload.safetensors", lambda p, m: p.write_bytes(pickle.dumps(Payload(m))), "corrupt or not safetensors"),
+    ("truncated.safetensors", lambda p, m: (save_safetensors(p, _mlp_state()), p.write_bytes(p.read_bytes()[:-9])),
+     "corrupt or not safetensors"),
+    ("wrong-shapes.safetensors", lambda p, m: save_safetensors(p, {k: torch.zeros(2) for k in _mlp_state()}),
+     r"model\.pretrained .* size mismatch|do not fit|shape"),
+    ("not-weights.yaml", lambda p, m: p.write_text("a: 1"), "unsupported suffix '.yaml'"),
+    ("missing.pt", lambda p, m: None, r"weights file not found|checkpoint .* does not exist"),
+]
+
+
+@pytest.mark.parametrize("name, make, pattern", WEIGHTS_FILES, ids=[n for n, _, _ in WEIGHTS_FILES])
+@pytest.mark.parametrize("field", ["model.pretrained", "training.finetune.checkpoint"])
+def test_weights_files_named_by_a_config_run_no_code(tmp_path, field, name, make, pattern):
+    marker = tmp_path / "PWNED"
+    path = tmp_path / name
+    make(path, marker)
+    over = {field: str(path)} | ({"training.recipe": "finetune"} if field.startswith("training") else {})
+    cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs", **over)
+    assert_error(cli("train", cfg, "--no-progress"), pattern)
+    assert not marker.exists() and not (tmp_path / "runs" / "tiny" / "manifest.json").exists()
+
+
+def test_a_finetune_checkpoint_that_is_not_a_run_directory(tmp_path):
+    (tmp_path / "base").mkdir()
+    cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs",
+                    **{"training.recipe": "finetune", "training.finetune.checkpoint": str(tmp_path / "base")})
+    assert_error(cli("train", cfg, "--no-progress"), "no manifest at .*base/manifest.json")
 
 
 # ------------------------------------------------------------------------------------------ training outputs
@@ -241,13 +308,17 @@ def test_overwrite_refuses_a_directory_that_is_not_a_run(tmp_path):
     assert (tmp_path / "runs" / "tiny" / "notes.txt").exists()
 
 
-def test_full_disk_is_one_line(tmp_path, monkeypatch):
-    def full(*_a, **_k):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs" / "tiny" / "model.safetensors"))
+@pytest.mark.parametrize("code, pattern", [(errno.ENOSPC, r"no space left on device writing .*model\.safetensors"),
+                                           (errno.EACCES, r"permission denied on .*model\.safetensors"),
+                                           (errno.EROFS, r"permission denied on .*model\.safetensors")],
+                         ids=["disk-full", "permission", "read-only-fs"])
+def test_disk_errors_while_writing_weights_are_one_line(tmp_path, monkeypatch, code, pattern):
+    def fail(*_a, **_k):
+        raise OSError(code, os.strerror(code), str(tmp_path / "runs" / "tiny" / "model.safetensors"))
 
-    monkeypatch.setattr("training.trainer.write_weights", full)
+    monkeypatch.setattr("training.trainer.write_weights", fail)
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs")
-    assert_error(cli("train", cfg, "--no-progress"), r"no space left on device writing .*model\.safetensors; free")
+    assert_error(cli("train", cfg, "--no-progress"), pattern)
     assert not (tmp_path / "runs" / "tiny" / "manifest.json").exists()
 
 
@@ -274,17 +345,18 @@ def test_interrupt_messages_name_flags_that_exist(tmp_path, monkeypatch, command
     assert flags <= have, (flags, have)
 
 
-def test_audit_run_checks_attack_settings_before_training(tmp_path):
-    cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs",
-                    **{"attack.n_reference": 3, "attack.attacks": ["loss", "lira_online"]})
-    assert_error(cli("run", cfg, "--no-progress"), r"attack\.n_reference must be an even number >= 2.*got 3")
-    cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs",
-                    **{"attack.n_reference": 0, "attack.attacks": ["lira_online"]})
-    assert_error(cli("run", cfg, "--no-progress"), r"attack\.n_reference must be an even number")
-    cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs", **{"epsilon.attack": "lira_online"})
-    assert_error(cli("run", cfg, "--no-progress"), r"epsilon\.attack is 'lira_online', but attack\.attacks")
-    cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs", **{"transfer.suite": str(tmp_path / "nope.yaml")})
-    assert_error(cli("run", cfg, "--no-progress"), "not found")
+@pytest.mark.parametrize("over, pattern", [
+    ({"attack.n_reference": 3, "attack.attacks": ["loss", "lira_online"]},
+     r"attack\.n_reference must be an even number >= 2.*got 3"),
+    ({"attack.n_reference": 0, "attack.attacks": ["lira_online"]}, r"attack\.n_reference must be an even number"),
+    ({"epsilon.attack": "lira_online"}, r"epsilon\.attack is 'lira_online', but attack\.attacks"),
+    ({"transfer.suite": "{tmp}/nope.yaml"}, "not found"),
+    ({"attack.attacks": ["os:system"]}, r"attack\.attacks.*os:system"),
+], ids=["odd-references", "no-references", "epsilon-attack-not-run", "missing-suite", "unknown-attack"])
+def test_audit_run_checks_every_step_before_training(tmp_path, over, pattern):
+    over = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in over.items()}
+    cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs", **over)
+    assert_error(cli("run", cfg, "--no-progress"), pattern)
     assert not (tmp_path / "runs" / "tiny").exists()
 
 
@@ -294,148 +366,6 @@ def test_transfer_default_suite_does_not_depend_on_the_working_directory(tmp_pat
 
     monkeypatch.chdir(tmp_path)
     assert DEFAULT_SUITE.is_absolute() and load_suite(DEFAULT_SUITE).datasets
-
-
-# ----------------------------------------------------------------------------------- run directories (attack)
-
-
-def _object_membership(run: Path) -> None:
-    np.save(run / "membership.npy", np.array([True, None], dtype=object), allow_pickle=True)
-    digest = sha256_file(run / "membership.npy")
-    edit_json(run / "manifest.json", lambda m: m["data"].__setitem__("membership_sha256", digest))
-
-
-def _nan_weights(run: Path) -> None:
-    state = load_safetensors(run / "model.safetensors")
-    first = next(k for k, v in state.items() if v.is_floating_point())
-    state[first] = torch.full_like(state[first], float("nan"))
-    save_safetensors(run / "model.safetensors", state)
-    rehash_weights(run)
-
-
-def _garbage_weights(run: Path) -> None:
-    (run / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
-    rehash_weights(run)
-
-
-@pytest.mark.parametrize("damage, pattern", [
-    (_object_membership, r"membership file .* is not a plain \.npy bool array"),
-    (_nan_weights, r"weights in .* are not finite .* NaN or inf"),
-    (_garbage_weights, r"corrupt or not safetensors"),
-    (lambda r: (r / "model.safetensors").write_bytes(b"x" + (r / "model.safetensors").read_bytes()[1:]),
-     "does not match the manifest"),
-    (lambda r: np.save(r / "membership.npy", ~np.load(r / "membership.npy")), "does not match the manifest's sha256"),
-    (lambda r: (r / "config.yaml").write_text((r / "config.yaml").read_text().replace("lr: 0.5", "lr: 0.25")),
-     "recipe was edited"),
-    (lambda r: (r / "manifest.json").write_text("{not json"), "manifest"),
-    (lambda r: (r / "manifest.json").unlink(), "no manifest"),
-    (lambda r: edit_json(r / "manifest.json", lambda m: m["privacy"].__setitem__("epsilon", "lots")),
-     r"manifest .* is invalid at 'privacy\.epsilon'"),
-    (lambda r: edit_json(r / "manifest.json", lambda m: m.__setitem__("extra", 1)), "is invalid at 'extra'"),
-], ids=["object-membership", "nan-weights", "garbage-weights", "weights-sha", "membership-sha", "config-edited",
-        "manifest-not-json", "no-manifest", "manifest-bad-value", "manifest-extra-key"])
-def test_tampered_run_directories_are_refused_before_any_work(run, damage, pattern):
-    damage(run)
-    before = sorted(p.name for p in run.iterdir())
-    assert_error(cli("attack", run, *ATTACK_ARGS), pattern)
-    assert sorted(p.name for p in run.iterdir()) == before  # nothing written, no lock left behind
-
-
-def test_truncated_or_edited_signals_are_recomputed(run):
-    honest = np.load(run / "scores.npz")["score_loss"]
-    with np.load(run / "signals.npz") as z:
-        arrays = dict(z)
-    arrays["pool"] = arrays["pool"][:, ::-1].copy()  # the vendor's "improvement"
-    write_npz(run / "signals.npz", **arrays)  # content_sha256 no longer matches
-    assert cli("attack", run, *ATTACK_ARGS).exit_code == 0
-    np.testing.assert_allclose(np.load(run / "scores.npz")["score_loss"], honest, rtol=1e-6)
-
-    from attacks.signal_cache import content_sha256
-
-    arrays.pop("content_sha256")
-    write_npz(run / "signals.npz", **arrays, content_sha256=np.array(content_sha256(arrays)))  # a forged hash
-    assert cli("attack", run, *ATTACK_ARGS).exit_code == 0  # caught by recomputing the target's own signals
-    np.testing.assert_allclose(np.load(run / "scores.npz")["score_loss"], honest, rtol=1e-6)
-
-    (run / "signals.npz").write_bytes((run / "signals.npz").read_bytes()[:200])
-    r = cli("attack", run, *ATTACK_ARGS)
-    assert r.exit_code == 0 and "BadZipFile" not in r.output, r.output
-    np.testing.assert_allclose(np.load(run / "scores.npz")["score_loss"], honest, rtol=1e-6)
-
-
-def _holder() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-
-
-def test_a_second_writer_fails_fast_naming_the_lock_and_holder(run):
-    from training.run.lock import LOCK_FILE
-
-    proc = _holder()
-    try:
-        (run / LOCK_FILE).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
-                                                 "command": "audit attack tiny", "started": "now"}))
-        shadows = run / "shadows"
-        shadows.mkdir()
-        (shadows / "keep.npy").write_bytes(b"theirs")
-        line = assert_error(cli("attack", run, "--retrain-shadows", *ATTACK_ARGS),
-                            rf"is in use: lock .*\.lock is held by pid {proc.pid}")
-        assert "audit attack tiny" in line
-        assert (shadows / "keep.npy").read_bytes() == b"theirs"  # --retrain-shadows deleted nothing
-        assert_error(cli("epsilon", run), f"held by pid {proc.pid}")
-    finally:
-        proc.kill()
-        proc.wait()
-    # the holder is gone: its lock is stale and taken over
-    assert cli("attack", run, *ATTACK_ARGS).exit_code == 0
-    assert not (run / LOCK_FILE).exists()
-
-
-# ----------------------------------------------------------------------------------------- forged claims
-
-
-def _forge(run: Path, edit) -> None:
-    edit_json(run / "manifest.json", edit)
-
-
-@pytest.mark.parametrize("forge, pattern", [
-    (lambda r: _forge(r, lambda m: m["privacy"].__setitem__("epsilon", 0.5)),
-     r"claim does not follow from the stated mechanism: ε\(PLD\) = [\d.]+ > claimed ε = 0\.5"),
-    (lambda r: _forge(r, lambda m: [p.__setitem__("dp", False) for p in m["privacy"]["phases"]]),
-     "no phase is DP"),
-    (lambda r: edit_json(r / "metrics.json", lambda m: m.__setitem__("epsilon_spent", None)),
-     "metrics.json contradicts the claim: epsilon_spent = None"),
-    (lambda r: _forge(r, lambda m: m["provenance"].__setitem__(
-        "command", "audit train q.yaml --set privacy.enabled=false")), "the recorded command contradicts the claim"),
-    (lambda r: (r / "config.yaml").write_text((r / "config.yaml").read_text().replace(
-        "enabled: true", "enabled: false", 1)), "config.yaml contradicts the claim"),
-], ids=["epsilon-edited", "phases-not-dp", "metrics-null", "command-no-dp", "config-no-dp"])
-def test_forged_claims_are_violations(run, forge, pattern):
-    forge(run)
-    r = cli("epsilon", run, "--sources", "pool", "--attack", "loss")
-    assert r.exit_code == 0, r.output
-    data = json.loads((run / "epsilon.json").read_text())
-    assert data["verdict"]["status"] == "VIOLATION" and r.output.lstrip().count("VIOLATION") >= 1
-    assert any(re.search(pattern, n) for n in data["verdict"]["notes"]), data["verdict"]["notes"]
-    assert data["verdict"]["findings"][0]["severity"] == "error"
-
-
-def test_honest_claim_passes_the_claim_check(run):
-    r = cli("epsilon", run, "--sources", "pool", "--attack", "loss")
-    assert r.exit_code == 0, r.output
-    data = json.loads((run / "epsilon.json").read_text())
-    assert data["verdict"]["findings"] == [] and data["verdict"]["status"] == "CONSISTENT"
-
-
-def test_html_in_the_manifest_is_escaped_in_the_report(run):
-    payload = '<script>alert("x")</script><img src=x onerror=alert(1)>'
-    _forge(run, lambda m: m.__setitem__("run_name", payload))
-    r = cli("report", run)
-    assert r.exit_code == 0, r.output
-    html = (run / "report.html").read_text()
-    assert payload not in html and "<script>alert" not in html and "&lt;script&gt;" in html
-
-
-# ------------------------------------------------------------------------------------------ progress label
 
 
 def test_progress_bar_labels_its_epsilon_as_the_rdp_bound(tmp_path):
@@ -450,22 +380,3 @@ def test_progress_bar_labels_its_epsilon_as_the_rdp_bound(tmp_path):
     logger.log(1, stats, epsilon=9.17)
     logger.close()
     assert EPSILON_LABEL == "ε (RDP, upper bound)" and seen == [f"loss 1.000  {EPSILON_LABEL} 9.17"]
-
-
-#: Hostile inputs tested in detail in other files (kept there, listed here so this file is the index).
-ELSEWHERE = {
-    "unknown dataset / arch, misspelt keys, target ε ≤ 0, δ out of range": "tests/test_trainer.py",
-    "resume with another config or corrupt state, kill -9 and exact resume": "tests/test_trainer.py",
-    "malicious, truncated, object-dtype and codec pickles in CIFAR files": "tests/test_datasets.py",
-    "missing roots, missing batches, bad SVHN .mat, unknown Food101 classes": "tests/test_datasets.py",
-    "corrupt / unsafe weight files, head and key mismatches": "tests/test_models.py",
-    "imported weights that do not fit, claims without δ": "tests/test_import.py",
-    "weights, membership, pool fingerprint and recipe mismatches (library level)": "tests/test_attack_runner.py",
-    "the claim check on edited manifests, config, metrics and commands": "tests/test_claim_check.py",
-    "missing report inputs, self-contained HTML": "tests/test_report.py",
-}
-
-
-def test_the_index_points_at_files_that_exist():
-    root = Path(__file__).resolve().parents[1]
-    assert all((root / f).is_file() for f in ELSEWHERE.values())

@@ -224,7 +224,8 @@ def test_thumbnails_with_the_real_digits_loader(tmp_path: Path) -> None:
 
     cfg = {"dataset": "digits", "pool_size": 60, "test_split": None}
     pool = load_pool(DataConfig.model_validate(cfg))  # scikit-learn's bundled digits: always available
-    run = make_run(tmp_path / "digits", pool=(np.asarray(pool.x), np.asarray(pool.y)), config_data=cfg)
+    run = make_run(tmp_path / "digits", dataset="digits", pool=(np.asarray(pool.x), np.asarray(pool.y)),
+                   config_data=cfg)
     update_json(run, "manifest.json",
                 lambda m: m["provenance"].update(config_sha256=sha256_file(run / "config.yaml")))
     html = write_report(run_dir=run).html.read_text()

@@ -309,7 +309,8 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        problem = getattr(exc, "problem", None) or exc
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
     if data is None:
         raise ConfigError(f"config file {path} is empty; it must hold a mapping of sections (see "
                           f"eval_configs/quickstart.yaml)")
