@@ -349,6 +349,29 @@ def test_bad_gate_policies(tmp_path, monkeypatch, policy, pattern):
     assert not (tmp_path / "gate.json").exists() and not (tmp_path / "PWNED").exists()
 
 
+SUITES = {
+    "unknown-dataset": ("datasets: [{name: nope}]", r"datasets\.0: unknown dataset 'nope'; valid names"),
+    "unknown-split": ("datasets: [{name: digits, train_split: bogus}]", r"digits: unknown split 'bogus'"),
+    "unknown-key": ("datasets: [{name: digits}]\nbogus: 1", r"unknown key 'bogus' \(valid keys here"),
+    "no-datasets": ("datasets: []", "list at least one dataset"),
+    "label-escape": ("datasets: [{name: digits, label: ../x}]", r"datasets\.0\.label: String should match"),
+    "duplicate-label": ("datasets: [{name: digits}, {name: digits}]", "labels must be unique"),
+    "empty-c-grid": ("datasets: [{name: digits}]\nprotocols: {linear_probe: {c_grid: []}}", "at least 1 item"),
+    "nan-c-grid": ("datasets: [{name: digits}]\nprotocols: {linear_probe: {c_grid: [.nan]}}", "finite number"),
+    "zero-limit": ("datasets: [{name: digits, train_limit: 0}]", r"train_limit: Input should be greater than 0"),
+    "bad-device": ("device: tpu\ndatasets: [{name: digits}]", r"device: Input should be 'auto', 'cpu' or 'cuda'"),
+    "python-tag": ("!!python/object/apply:os.system ['touch PWNED']", "could not determine a constructor"),
+}
+
+
+@pytest.mark.parametrize("text, pattern", list(SUITES.values()), ids=list(SUITES))
+def test_bad_transfer_suites(run, tmp_path, monkeypatch, text, pattern):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "suite.yaml").write_text(("name: t\n" if "python" not in text else "") + text + "\n")
+    assert_error(cli("transfer", run, "--suite", tmp_path / "suite.yaml", "--quiet"), pattern)
+    assert not (run / "transfer.json").exists() and not (tmp_path / "PWNED").exists()
+
+
 #: Hostile inputs tested in detail in other files (kept there, listed here so these files are the index).
 ELSEWHERE = {
     "no code from a run dir: payload markers, --trust-code recorded, shadows, report/gate": "tests/test_trust_code.py",

@@ -312,8 +312,7 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or exc
         raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
     if data is None:
-        raise ConfigError(f"config file {path} is empty; it must hold a mapping of sections (see "
-                          f"eval_configs/quickstart.yaml)")
+        raise ConfigError(f"config file {path} is empty; it must hold a mapping of sections")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
     return data
