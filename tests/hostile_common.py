@@ -1,4 +1,4 @@
-"""Helpers shared by the hostile-input suites (tests/test_hostile_inputs.py, tests/test_hostile_runs.py).
+"""Helpers shared by the hostile-input suites: tests/test_hostile_inputs.py, _runs.py and _code.py.
 
 Every hostile case goes through the command line and must end the same way (:func:`assert_error`): exit code 2,
 one line on stderr starting with ``error:`` that names the problem, no traceback. :class:`Payload` is the
