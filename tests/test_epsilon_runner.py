@@ -67,7 +67,8 @@ def make_run(run_dir: Path, *, pool: int = 600, epsilon: float | None = 1.0, del
     manifest = Manifest(
         run_name=run_dir.name,
         model=model.model_copy(update={"weights_sha256": sha256_file(run_dir / "model.safetensors")}),
-        data=DataInfo(dataset="synthetic", split="train", pool_size=pool,
+        data=DataInfo(dataset=config.data.dataset if config is not None else "synthetic",
+                      split=config.data.split if config is not None else "train", pool_size=pool,
                       pool_fingerprint=fingerprint or fingerprint_arrays(x, np.zeros(pool, dtype=np.int64)),
                       membership_sha256=sha256_file(run_dir / "membership.npy"),
                       membership=MembershipInfo(scheme=scheme, p=p if scheme == "bernoulli" else None, seed=seed,
