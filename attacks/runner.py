@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,9 @@ from training.io import read_json, write_npz
 from training.run import VerifiedRun, as_run, inputs_digest, inputs_record, is_current
 from training.run.lock import run_lock
 
-__all__ = ["AttackResult", "run_attack", "attack_is_complete"]
+__all__ = ["AttackResult", "run_attack", "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
+
+SCORES_FILE = "scores.npz"
 
 
 
@@ -211,7 +214,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         "code": target.code.to_dict(),
     })
     out = target.run_dir
-    write_npz(out / "scores.npz", pool_index=np.arange(len(labels)), membership=truth, labels=labels,
+    write_npz(out / SCORES_FILE, pool_index=np.arange(len(labels)), membership=truth, labels=labels,
               inputs_digest=np.array(inputs_digest(target)), **{f"score_{n}": s for n, s in scores.items()})
     write_attack_file(out, report)
     return AttackResult(run_dir=out, report=report, scores=scores, membership=truth,
@@ -222,11 +225,36 @@ def attack_is_complete(run_dir: str | os.PathLike[str] | VerifiedRun, config: At
     """True when ``attack.json`` and ``scores.npz`` exist and were made from this run's verified weights and
     membership (and the pool its manifest records) with these attack settings (:func:`training.run.is_current`)."""
     path = run_dir.run_dir if isinstance(run_dir, VerifiedRun) else Path(run_dir)
-    if not (path / ATTACK_FILE).is_file() or not (path / "scores.npz").is_file():
+    if not (path / ATTACK_FILE).is_file() or not (path / SCORES_FILE).is_file():
         return False
     try:
         report = read_attack_file(path)
         run = as_run(run_dir, verify=False)
-        return is_current(report.inputs, run, config_sha256=_settings(config).sha256())
+        if not is_current(report.inputs, run, config_sha256=_settings(config).sha256()):
+            return False
+        check_scores_identity(run)
+        return True
     except UserError:
         return False
+
+
+def check_scores_identity(run: VerifiedRun) -> None:
+    """Refuse ``scores.npz`` unless it records this run's identity (:func:`training.run.inputs_digest`: verified
+    weights and membership, the manifest's pool), as :func:`run_attack` writes it. Scores made for other weights
+    (a checkpoint swapped after the attack, or copied from another run) would otherwise be judged as this model's.
+
+    Raises:
+        CheckpointError: the file is unreadable or records no identity or another one (nothing when absent).
+    """
+    path = run.run_dir / SCORES_FILE
+    if not path.is_file():
+        return
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            recorded = str(npz["inputs_digest"]) if "inputs_digest" in npz.files else None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{path} is not a readable .npz file ({exc}); re-run 'audit attack'") from None
+    if recorded != inputs_digest(run):
+        raise CheckpointError(f"{path} was not computed from this run's weights, membership and pool (it records "
+                              f"{'no' if recorded is None else 'another'} identity); re-run 'audit attack "
+                              f"{run.run_dir}'")

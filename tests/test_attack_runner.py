@@ -21,7 +21,7 @@ from audit.cli import main
 from audit.config import resolve_attack_config
 from training.config import TrainConfig
 from training.errors import CheckpointError, UserError
-from training.io import read_json, write_json
+from training.io import read_json, write_json, write_npz
 
 K = 4
 LEVELS = ("0.01", "0.001", "0.0001")
@@ -149,6 +149,12 @@ def test_attack_is_complete_tracks_inputs_and_settings(run_copy: Path) -> None:
     assert attack_is_complete(run_copy, _config())
     assert attack_is_complete(run_copy, _config(executor="sequential", workers=3))  # execution-only settings
     assert not attack_is_complete(run_copy, _config(n_bootstrap=21))
+    with np.load(run_copy / "scores.npz") as z:
+        scores = dict(z)
+    write_npz(run_copy / "scores.npz", **(scores | {"inputs_digest": np.array("0" * 64)}))  # another run's scores
+    assert not attack_is_complete(run_copy, _config())
+    write_npz(run_copy / "scores.npz", **scores)
+    assert attack_is_complete(run_copy, _config())
     report = read_json(run_copy / "attack.json")
     report["inputs"]["pool_fingerprint"] = "0" * 64
     write_json(run_copy / "attack.json", report)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from audit.config import EpsilonConfig
+from attacks.runner import check_scores_identity
 from audit.epsilon.claim_check import check_claim
 from audit.epsilon.clopper_pearson import epsilon_from_scores_cp
 from audit.epsilon.estimate import EpsilonEstimate
@@ -130,33 +131,6 @@ def claim_is_gaussian(manifest: Manifest) -> bool:
     return bool(manifest.privacy.dp and phases and all(
         p.sample_rate is not None and math.isclose(p.sample_rate, 1.0, rel_tol=0.0, abs_tol=1e-12)
         and (p.noise_multiplier or 0.0) > 0.0 for p in phases))
-
-
-def check_scores_identity(run: VerifiedRun) -> None:
-    """Refuse ``scores.npz`` unless it records this run's identity (:func:`training.run.inputs_digest`: verified
-    weights and membership, the manifest's pool); ``audit attack`` writes it. Scores made for other weights (a
-    checkpoint swapped after the attack, or copied from another run) would otherwise be judged as this model's.
-
-    Raises:
-        CheckpointError: the file records no identity or another one (it is not opened when absent).
-    """
-    import zipfile
-
-    from training.errors import CheckpointError
-    from training.run import inputs_digest
-
-    path = run.run_dir / SCORES_FILE
-    if not path.is_file():
-        return
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            recorded = str(npz["inputs_digest"]) if "inputs_digest" in npz.files else None
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"{path} is not a readable .npz file ({exc}); re-run 'audit attack'") from None
-    if recorded != inputs_digest(run):
-        raise CheckpointError(f"{path} was not computed from this run's weights, membership and pool (it records "
-                              f"{'no' if recorded is None else 'another'} identity); re-run 'audit attack "
-                              f"{run.run_dir}'")
 
 
 def _load_evidence(source: str, *, run: VerifiedRun, config: EpsilonConfig) -> Evidence | Skipped:

@@ -173,10 +173,11 @@ def epsilon_for(*, phases: Sequence[DPPhase], delta: float, accountant: str = "p
 
 
 def epsilon_of_active(active: list[DPPhase], delta: float, accountant: str, *, warn: bool) -> float:
-    """ε of validated, non-empty-step phases, with the weak-privacy fallback to RDP."""
+    """ε of validated, non-empty-step phases, with the weak-privacy fallback to RDP; never below 0 (at a large δ
+    the PRV/PLD conversion can return ε < 0, which means ε = 0 already holds)."""
     if not active:
         return 0.0
-    rdp = _rdp_epsilon(active, delta)
+    rdp = max(0.0, _rdp_epsilon(active, delta))
     if accountant == "rdp":
         return rdp
     if rdp > WEAK_PRIVACY_EPSILON:
@@ -188,7 +189,7 @@ def epsilon_of_active(active: list[DPPhase], delta: float, accountant: str, *, w
                 stacklevel=3,
             )
         return rdp
-    return _EPSILON_FNS[accountant](active, delta)
+    return max(0.0, _EPSILON_FNS[accountant](active, delta))
 
 
 def epsilons_for(*, phases: Sequence[DPPhase], delta: float,
