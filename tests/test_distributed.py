@@ -5,7 +5,8 @@
   both ranks end with the same parameters.
 - ``audit train --nproc 2`` (torchrun): the manifest's (σ, q, T, ε) equal the 1-process run's and the weights
   agree; only rank 0 wrote the run directory.
-- kill -9 of rank 1 mid-run, then ``--resume``: the run completes with the uninterrupted run's ε and weights.
+- kill -9 of rank 1 mid-run: without ``--resume`` the run is refused in one line (exit 2); with it the run
+  completes with the uninterrupted run's ε and weights.
 """
 
 from __future__ import annotations
@@ -232,6 +233,11 @@ def test_kill_one_rank_then_resume_ends_like_the_uninterrupted_run(two_rank_run:
     assert not (run / MANIFEST_FILE).exists() and (run / STATE_FILE).exists()  # interrupted, state kept
     stopped_at = torch.load(run / STATE_FILE, weights_only=True)["step"]
     assert 0 < stopped_at < STEPS
+
+    refused = _audit_train(config)  # without --resume: rank 0 refuses for every rank, in one line
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.count("error:") == 1 and "pass --resume" in refused.stderr
+    assert "Traceback" not in refused.stderr + refused.stdout
 
     res = _audit_train(config, "--resume")
     assert res.returncode == 0, res.stdout + res.stderr

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -168,5 +167,27 @@ def launch_command(args: Sequence[str], *, nproc: int) -> list[str]:
 
 
 def launch(args: Sequence[str], *, nproc: int) -> int:
-    """Run ``audit ARGS`` under torchrun with ``nproc`` processes; its exit code."""
-    return subprocess.call(launch_command(args, nproc=nproc))
+    """Run ``audit ARGS`` under torchrun with ``nproc`` processes; the exit code of the first rank that failed.
+
+    torchrun's own report of a failed rank (a traceback of the launcher) is left out: the rank has printed
+    its one-line ``error:`` already.
+    """
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    options = get_args_parser().parse_args(launch_command(args, nproc=nproc)[3:])
+    if nproc > 1:  # torchrun's default for several processes (it would print a banner to say so)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    quiet = logging.getLogger("torch.distributed.elastic")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        run(options)
+    except ChildFailedError as exc:
+        code = exc.get_first_failure()[1].exitcode
+        return code if code > 0 else 1
+    finally:
+        quiet.setLevel(level)
+    return 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,7 +147,8 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
     check_output_dir(run_dir, what="run directory")
     if overwrite and run_dir.is_symlink() and world.is_main:
         remove_run_dir(run_dir)  # refuses a symlinked run directory before anything is locked or written
-    with run_lock(run_dir, command=command) if world.is_main else nullcontext():
+    with ExitStack() as held:  # rank 0 takes the lock; the others learn whether it could
+        agree(world, lambda: held.enter_context(run_lock(run_dir, command=command)))
         return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, membership=membership,
                       progress=progress, command=command, stop_after=stop_after, trust_code=trust_code, warn=warn,
                       world=world, _debug_disable_noise=_debug_disable_noise)

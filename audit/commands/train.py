@@ -31,6 +31,9 @@ def command(config: str, overrides: tuple[str, ...], variant: str | None, resume
     from training.distributed import launch, process_group, world_from_env
     from training.trainer import train
 
+    extra = list(overrides) + (["data.download=true"] if download else [])
+    run_cfg = load_run_config(config, extra)
+    cfg = select_variant(run_cfg, variant).train_config()
     world = world_from_env()
     if nproc is not None and nproc > 1 and not world.distributed:
         args = ["train", config, *(a for o in overrides for a in ("--set", o)),
@@ -38,9 +41,6 @@ def command(config: str, overrides: tuple[str, ...], variant: str | None, resume
                 *(["--overwrite"] if overwrite else []), *(["--download"] if download else []),
                 *(["--no-progress"] if no_progress else [])]
         sys.exit(launch(args, nproc=nproc))
-    extra = list(overrides) + (["data.download=true"] if download else [])
-    run_cfg = load_run_config(config, extra)
-    cfg = select_variant(run_cfg, variant).train_config()
     with process_group(world, device=cfg.training.device):
         result = train(cfg, resume=resume, overwrite=overwrite, progress=False if no_progress else None,
                        command=shlex.join(["audit", *sys.argv[1:]]), trust_code=True,  # the user's own config
