@@ -139,7 +139,8 @@ def _train_with_trainer(task: dict[str, Any]) -> str:
 
     cfg = TrainConfig.model_validate(task["config"])
     train(cfg, run_dir=task["run_dir"], membership=np.asarray(task["mask"], dtype=bool), progress=False,
-          resume=True, command=task["command"], trust_code=bool(task.get("trust_code", False)))
+          resume=True, command=task["command"], trust_code=bool(task.get("trust_code", False)),
+          canary_package=task.get("canary_package"))
     return task["run_dir"]
 
 
@@ -147,7 +148,8 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
                         seeds: Sequence[int], todo: Sequence[int], root: Path, target_name: str, executor: str,
                         device: torch.device | str = "cpu", max_models_per_batch: int | None = None,
                         on_done: Callable[[int], None] | None = None, trust_code: bool = False,
-                        staging: Path | None = None, ray: Any = None, show_progress: bool = False) -> None:
+                        staging: Path | None = None, ray: Any = None, show_progress: bool = False,
+                        canary_package: Path | None = None) -> None:
     """Train the reference models ``todo`` (indices into ``keep``/``seeds``) into ``root/<k>/``.
 
     Args:
@@ -169,6 +171,8 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
             moved into place once complete); configs still name ``root``.
         ray: :class:`attacks.ray_farm.RayOptions` for ``ray`` (None: a local Ray on all cores).
         show_progress: ``ray``: a progress bar over the tasks.
+        canary_package: the target's copy of an auditor's canary package (the regular trainer rebuilds the pool
+            from it, not from the path in the target's config).
     """
     todo = list(todo)
     if not todo:
@@ -198,6 +202,7 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
         cfg = shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
         _train_with_trainer({"config": cfg.model_dump(mode="json"), "run_dir": str(out / str(k)),
                              "mask": keep[k].tolist(), "trust_code": trust_code,
+                             "canary_package": None if canary_package is None else str(canary_package),
                              "command": f"audit attack (reference model of {target_name}, {executor})"})
         if on_done is not None:
             on_done(i)

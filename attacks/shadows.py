@@ -36,6 +36,7 @@ from training.device import resolve_device
 from training.errors import CheckpointError, ConfigError, UserError
 from training.io import read_json, sha256_file, write_json, write_npy
 from training.run import VerifiedRun, is_complete, open_run
+from training.run.verified import canary_package_of
 
 __all__ = ["SHADOW_DIR", "INDEX_FILE", "KEEP_FILE", "INDEX_FORMAT", "balanced_keep_masks", "shadow_seeds",
            "ShadowSet", "prepare_shadows", "check_n_reference"]
@@ -259,6 +260,7 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
                             seeds=index["seeds"], todo=todo, root=root, target_name=target.manifest.run_name,
                             executor=chosen, ray=ray, device=resolve_device(device),
                             max_models_per_batch=max_models_per_batch, trust_code=target.code.trust_code,
+                            canary_package=canary_package_of(target),
                             on_done=lambda i: say(f"reference models trained: {i}/{len(todo)}"),
                             show_progress=log is not None)
         for k in todo:

@@ -15,7 +15,7 @@ import click
 
 from training.errors import UserError
 
-COMMANDS = ("train", "accountant", "attack", "import_", "epsilon", "transfer", "report", "gate", "run")
+COMMANDS = ("train", "accountant", "attack", "import_", "epsilon", "transfer", "report", "gate", "run", "canaries")
 
 
 class AuditGroup(click.Group):

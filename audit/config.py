@@ -30,9 +30,10 @@ class EpsilonConfig(Strict):
     """Empirical epsilon settings (`audit epsilon`)."""
 
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - confidence of the verdict (shared by its bounds)")
-    sources: tuple[Literal["pool", "input_canaries", "gradient_canaries", "multi_run"], ...] = Field(
+    sources: tuple[Literal["pool", "input_canaries", "gradient_canaries", "multi_run", "auditor_canaries"], ...] = Field(
         ("pool", "input_canaries", "gradient_canaries"),
-        description="evidence sources; multi_run (trains multi_run_models models) only when listed")
+        description="evidence sources; multi_run (trains multi_run_models models) only when listed; "
+        "auditor_canaries needs canaries (the auditor's secret file)")
     attack: str = Field("lira_online", description="attack whose scores feed the one-run estimator on the pool")
     guesses: Literal["in", "in_out"] = Field(
         "in_out", description="one-run guesses: top-k IN and bottom-k OUT (k_pos x k_neg grid), or top-k IN only")
@@ -48,12 +49,26 @@ class EpsilonConfig(Strict):
     multi_run_canary: Literal["mislabel", "ood"] = Field(
         "ood", description="multi_run canary: uniform-noise image with a fixed label, or a mislabelled test image")
     multi_run_seed: int = Field(0, ge=0, description="multi_run: the canary and the models' seeds")
+    canaries: str | None = Field(None, description="auditor_canaries: the auditor's secret file (audit canaries make)")
+    canary_references: int = Field(16, ge=2, description="auditor_canaries: reference models per set (even)")
+    canary_reference_dir: str | None = Field(
+        None, description="auditor_canaries: where reference sets are kept (None: <run>/canary_references); sets "
+        "are keyed by what they were trained on, so one directory can serve many runs")
+    canary_reference_seed: int = Field(0, ge=0, description="auditor_canaries: keep masks and model seeds")
+    canary_sigma0: bool = Field(True, description="auditor_canaries: for a claimed-DP run also train references "
+                                "without noise (sigma = 0) and score with the set that explains the target best")
 
     @model_validator(mode="after")
     def _check(self) -> "EpsilonConfig":
         if self.multi_run_models % 2:
             raise ValueError(f"epsilon.multi_run_models must be even (n with and n without the canary), got "
                              f"{self.multi_run_models}")
+        if self.canary_references % 2:
+            raise ValueError(f"epsilon.canary_references must be even (each canary IN for half), got "
+                             f"{self.canary_references}")
+        if "auditor_canaries" in self.sources and self.canaries is None:
+            raise ValueError("epsilon.sources lists auditor_canaries but no secret file is given: pass "
+                             "--canaries SECRET (the canary_secret.npz of 'audit canaries make')")
         if len(set(self.sources)) != len(self.sources):
             raise ValueError(f"epsilon.sources has duplicates: {list(self.sources)}")
         if self.attack not in attack_names():
@@ -154,13 +169,16 @@ def attacks_chosen(*, config_path: str | os.PathLike[str] | None, overrides: tup
 
 def resolve_epsilon_config(*, config_path: str | os.PathLike[str] | None = None, alpha: float | None = None,
                            sources: str | tuple[str, ...] | None = None, attack: str | None = None,
-                           guesses: str | None = None) -> EpsilonConfig:
+                           guesses: str | None = None, canaries: str | None = None,
+                           reference_dir: str | None = None) -> EpsilonConfig:
     """The ε settings: the ``epsilon:`` section of ``config_path`` (or the defaults) with each given option on top.
 
     Args:
         config_path: experiment YAML whose ``epsilon`` section supplies the defaults.
         alpha, attack, guesses: replace the setting when not None.
-        sources: the evidence sources, as a comma-separated string or a tuple (None: keep).
+        sources: the evidence sources, as a comma-separated string or a tuple (None: keep; with ``canaries``
+            and no sources given: ``auditor_canaries`` alone).
+        canaries: the auditor's secret file; reference_dir: where its reference sets are kept.
 
     >>> resolve_epsilon_config(alpha=0.01, sources="pool, input_canaries").sources
     ('pool', 'input_canaries')
@@ -172,6 +190,9 @@ def resolve_epsilon_config(*, config_path: str | os.PathLike[str] | None = None,
     data = base.model_dump()
     if isinstance(sources, str):
         sources = tuple(s.strip() for s in sources.split(",") if s.strip())
-    given = {"alpha": alpha, "sources": sources, "attack": attack, "guesses": guesses}
+    if canaries is not None and sources is None:
+        sources = ("auditor_canaries",)
+    given = {"alpha": alpha, "sources": sources, "attack": attack, "guesses": guesses, "canaries": canaries,
+             "canary_reference_dir": reference_dir}
     data.update({k: v for k, v in given.items() if v is not None})
     return validate_config(data, EpsilonConfig, source="audit epsilon options")

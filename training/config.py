@@ -148,11 +148,21 @@ class OptimConfig(Strict):
 
 
 class CanaryConfig(Strict):
-    """Input canaries inserted into the training pool; each included with probability 1/2."""
+    """Input canaries inserted into the training pool: generated from ``count``/``kind``/``seed`` (each included
+    with probability 1/2), or an auditor's package (``from_file``, :mod:`training.canary_package`: every package
+    canary is a member; the auditor keeps the inclusion bits)."""
 
     count: int = Field(0, ge=0)
     kind: Literal["mislabel", "ood"] = "mislabel"
     seed: int = 0
+    from_file: str | None = Field(None, description="an auditor's canary package (.npz from 'audit canaries make')")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CanaryConfig":
+        if self.from_file is not None and self.count:
+            raise ValueError(f"training.canaries: give count ({self.count}) or from_file, not both (the auditor's "
+                             "package fixes its own count)")
+        return self
 
 
 class GradientCanaryConfig(Strict):

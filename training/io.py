@@ -27,6 +27,7 @@ __all__ = [
     "write_npy",
     "write_npz",
     "sha256_file",
+    "copy_file",
     "sha256_bytes",
     "fingerprint_arrays",
     "save_safetensors",
@@ -121,6 +122,15 @@ def write_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> Path:
         with open(tmp, "wb") as fh:
             np.savez_compressed(fh, **{k: np.asarray(v) for k, v in arrays.items()})
     return Path(path)
+
+
+def copy_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """Copy ``src`` to ``dst`` atomically (temporary file, then rename)."""
+    import shutil
+
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+    return Path(dst)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -12,10 +12,13 @@ manifest's fingerprint. Members are drawn by independent Bernoulli(p) trials wit
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from training.canary_package import read_package
 from training.config import CanaryConfig, TrainConfig
 from training.data import ImageSet, load_pool, load_test
 from training.errors import DataError
@@ -32,16 +35,23 @@ class Pool:
         test: the test set (canary sources removed), or None.
         n_real: number of real pool examples.
         canaries: manifest description of the canaries, or None.
+        package: the auditor's canary package file read (``training.canaries.from_file``), or None.
     """
 
     images: ImageSet
     test: ImageSet | None
     n_real: int
     canaries: dict | None
+    package: Path | None = None
 
     @property
     def n_canaries(self) -> int:
         return len(self.images) - self.n_real
+
+    @property
+    def auditor_canaries(self) -> bool:
+        """Whether the canaries are an auditor's package (all members) rather than generated ones."""
+        return bool(self.canaries) and self.canaries.get("kind") == "auditor"
 
 
 def draw_membership(n: int, *, p: float, seed: int) -> np.ndarray:
@@ -86,14 +96,28 @@ def make_canaries(cfg: CanaryConfig, *, pool: ImageSet, test: ImageSet | None
     return x.astype(np.uint8), y.astype(np.int64), test, desc
 
 
-def build_pool(cfg: TrainConfig) -> Pool:
-    """Load the pool and test set described by ``cfg`` and append input canaries (if any)."""
+def build_pool(cfg: TrainConfig, *, canary_package: str | os.PathLike[str] | None = None) -> Pool:
+    """Load the pool and test set described by ``cfg`` and append input canaries (if any).
+
+    Args:
+        cfg: the training config.
+        canary_package: where to read the auditor's package named by ``training.canaries.from_file`` (a run
+            directory's own copy, :data:`training.run.files.CANARY_PACKAGE_FILE`); None: the configured path.
+
+    Raises:
+        DataError: the data or the canary package cannot be loaded or does not fit the data.
+    """
     images = load_pool(cfg.data)
     test = load_test(cfg.data) if cfg.data.test_split else None
     n_real = len(images)
-    canaries = None
-    if cfg.training.canaries.count > 0:
+    canaries = package = None
+    if cfg.training.canaries.from_file is not None:
+        pkg = read_package(canary_package if canary_package is not None else cfg.training.canaries.from_file,
+                           num_classes=len(images.classes), image_shape=tuple(images.x.shape[1:3]))
+        images = replace(images, x=np.concatenate([images.x, pkg.x]), y=np.concatenate([images.y, pkg.y]))
+        canaries, package = {**pkg.describe(), "first_index": n_real}, pkg.path
+    elif cfg.training.canaries.count > 0:
         cx, cy, test, desc = make_canaries(cfg.training.canaries, pool=images, test=test)
         images = replace(images, x=np.concatenate([images.x, cx]), y=np.concatenate([images.y, cy]))
         canaries = {**desc, "first_index": n_real, "inclusion": "bernoulli(1/2) via the membership mask"}
-    return Pool(images=images, test=test, n_real=n_real, canaries=canaries)
+    return Pool(images=images, test=test, n_real=n_real, canaries=canaries, package=package)

@@ -26,7 +26,7 @@ import torch
 from training.accounting import DPPhase, cross_check, default_delta, epsilon_for
 from training.config import ModelConfig, TrainConfig, dump_config
 from training.errors import CheckpointError, UserError
-from training.io import (check_output_dir, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json, write_npy,
+from training.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json, write_npy,
                          write_text)
 from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
@@ -37,7 +37,7 @@ from training.distributed import World, agree, broadcast_object, current_world
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
-from training.run.files import CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR
+from training.run.files import CANARY_PACKAGE_FILE, CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR
 from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, read_manifest,
                                    write_manifest)
 from training.run.state import clear_state, has_state, load_state
@@ -97,11 +97,13 @@ def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInf
     n = len(pool.images)
     if cfg.data.audit_split:
         mask = draw_membership(n, p=cfg.data.member_prob, seed=cfg.data.membership_seed)
+        if pool.auditor_canaries:  # the auditor drew the canaries' inclusion: its whole package is trained on
+            mask[pool.n_real:] = True
         info = MembershipInfo(scheme="bernoulli", p=cfg.data.member_prob, seed=cfg.data.membership_seed,
                               n_members=int(mask.sum()), n_pool=n)
     else:
         mask = np.ones(n, dtype=bool)
-        if pool.n_canaries:  # canaries are always included with probability 1/2, real data is all IN
+        if pool.n_canaries and not pool.auditor_canaries:  # generated canaries: IN with probability 1/2
             mask[pool.n_real:] = draw_membership(pool.n_canaries, p=0.5, seed=cfg.data.membership_seed)
         info = MembershipInfo(scheme="all", p=None, seed=cfg.data.membership_seed, n_members=int(mask.sum()),
                               n_pool=n)
@@ -111,7 +113,7 @@ def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInf
 def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
           membership: np.ndarray | None = None, progress: bool | None = None, command: str | None = None,
           stop_after: int | None = None, trust_code: bool = False, warn: Callable[[str], None] | None = None,
-          _debug_disable_noise: bool = False) -> TrainResult:
+          canary_package: str | Path | None = None, _debug_disable_noise: bool = False) -> TrainResult:
     """Train one model as ``cfg`` says and write its run directory.
 
     Args:
@@ -129,6 +131,8 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         trust_code: allow ``model.arch`` (or a fine-tuning checkpoint's) to be an import path, which is
             imported and called: True for the user's own config (``audit train``), False for a recipe read
             from a run directory someone else made (reference models), unless the user said ``--trust-code``.
+        canary_package: where to read the auditor's package of ``training.canaries.from_file`` (reference
+            models read their target's copy); None: the configured path (a resumed run: its own copy).
         _debug_disable_noise: TEST ONLY. Skips the DP noise while the manifest still claims DP: a planted bug
             that the white-box audit must catch.
 
@@ -151,12 +155,14 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         agree(world, lambda: held.enter_context(run_lock(run_dir, command=command)))
         return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, membership=membership,
                       progress=progress, command=command, stop_after=stop_after, trust_code=trust_code, warn=warn,
-                      world=world, _debug_disable_noise=_debug_disable_noise)
+                      world=world, canary_package=canary_package,
+                      _debug_disable_noise=_debug_disable_noise)
 
 
 def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, membership: np.ndarray | None,
            progress: bool | None, command: str | None, stop_after: int | None, trust_code: bool,
-           warn: Callable[[str], None] | None, world: World, _debug_disable_noise: bool) -> TrainResult:
+           warn: Callable[[str], None] | None, world: World, canary_package: str | Path | None,
+           _debug_disable_noise: bool) -> TrainResult:
     """:func:`train` with the run directory locked (by rank 0)."""
     config_text = dump_config(cfg)
     config_sha = sha256_bytes(config_text.encode("utf-8"))
@@ -165,7 +171,10 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
         return agree(world, lambda: _complete(run_dir, membership))
 
     tc, pc = cfg.training, cfg.privacy
-    pool = build_pool(cfg)
+    own_copy = run_dir / CANARY_PACKAGE_FILE
+    if canary_package is None and mode == "resume" and own_copy.is_file():
+        canary_package = own_copy
+    pool = build_pool(cfg, canary_package=canary_package)
     if membership is not None:
         mask = np.asarray(membership, dtype=bool)
         if mask.shape != (len(pool.images),):
@@ -213,6 +222,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     if mode == "fresh" and main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / CONFIG_FILE, config_text)
+    if main and pool.package is not None and pool.package.resolve() != own_copy.resolve():
+        copy_file(pool.package, own_copy)  # the run carries the package it trained on (sha256 in the manifest)
     # rank 0 reads the saved state and sends it: the other ranks need no access to the run directory
     state = agree(world, lambda: load_state(run_dir, config_sha256=config_sha) if mode == "resume" else None)
     start = int(state["step"]) if state is not None else 0

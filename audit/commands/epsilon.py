@@ -22,18 +22,24 @@ def _counts(counts: dict) -> str:
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--alpha", type=float, default=None, help="1 - confidence of the verdict (default 0.05)")
 @click.option("--sources", default=None, metavar="LIST",
-              help="comma-separated: pool,input_canaries,gradient_canaries,multi_run (default: all but multi_run, "
-                   "which trains models)")
+              help="comma-separated: pool,input_canaries,gradient_canaries,multi_run,auditor_canaries (default: all "
+                   "but multi_run, which trains models, and auditor_canaries, which needs --canaries)")
 @click.option("--attack", default=None, help="attack in scores.npz that scores the pool (default lira_online)")
 @click.option("--guesses", type=click.Choice(["in", "in_out"]), default=None,
               help="one-run guesses: top-k IN only, or also bottom-k OUT")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="experiment YAML whose 'epsilon' section supplies the defaults")
+@click.option("--canaries", type=click.Path(dir_okay=False), default=None, metavar="SECRET",
+              help="the auditor's canary_secret.npz (audit canaries make): check its commitment against the run and "
+                   "score every canary against reference models trained here (source auditor_canaries; the only "
+                   "source unless --sources is given)")
+@click.option("--references", "reference_dir", type=click.Path(file_okay=False), default=None,
+              help="with --canaries: where the auditor's reference sets are kept (default RUN/canary_references)")
 @click.option("--trust-code", is_flag=True,
               help="allow the run directory to name code to import (model.arch 'package.module:factory'); "
                    "only if you trust who made it (recorded in the results)")
 def command(run_dir: str, alpha: float | None, sources: str | None, attack: str | None, guesses: str | None,
-            config_file: str | None, trust_code: bool) -> None:
+            config_file: str | None, canaries: str | None, reference_dir: str | None, trust_code: bool) -> None:
     """Lower-bound ε from attacks and canaries and judge the claim of RUN_DIR; writes RUN_DIR/epsilon.json."""
     from rich.console import Console
     from rich.table import Table
@@ -42,8 +48,9 @@ def command(run_dir: str, alpha: float | None, sources: str | None, attack: str 
     from audit.epsilon.runner import run_epsilon
 
     config = resolve_epsilon_config(config_path=config_file, alpha=alpha, sources=sources, attack=attack,
-                                    guesses=guesses)
-    report = run_epsilon(run_dir=run_dir, config=config, trust_code=trust_code)
+                                    guesses=guesses, canaries=canaries, reference_dir=reference_dir)
+    report = run_epsilon(run_dir=run_dir, config=config, trust_code=trust_code,
+                         log=lambda msg: click.echo(f"epsilon: {msg}", err=True))
     table = Table(title=f"empirical ε for {report.run} (claimed ε = {_fmt(report.claimed_epsilon)}, "
                         f"δ = {report.delta:.1e})")
     for col in ("source", "method", "ε_lb", "ceiling", "α", "counts", "verdict"):

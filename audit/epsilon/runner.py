@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,13 +133,20 @@ def claim_is_gaussian(manifest: Manifest) -> bool:
         and (p.noise_multiplier or 0.0) > 0.0 for p in phases))
 
 
-def _load_evidence(source: str, *, run: VerifiedRun, config: EpsilonConfig) -> Evidence | Skipped:
+def _load_evidence(source: str, *, run: VerifiedRun, config: EpsilonConfig,
+                   log: Callable[[str], None] | None = None) -> Evidence | Skipped:
     if source in ("pool", "input_canaries"):
         check_scores_identity(run)
     if source == "pool":
         ev = pool_evidence(run=run, attack=config.attack)
     elif source == "input_canaries":
         ev = input_canary_evidence(run=run, attack=config.attack)
+    elif source == "auditor_canaries":
+        from audit.epsilon.auditor_source import auditor_canary_evidence
+
+        ev = auditor_canary_evidence(run=run, secret_path=config.canaries, n_models=config.canary_references,
+                                     seed=config.canary_reference_seed, reference_dir=config.canary_reference_dir,
+                                     sigma0=config.canary_sigma0, log=log)
     else:
         ev = gradient_canary_evidence(run=run)
     if isinstance(ev, Evidence) and (ev.m < 2 or ev.included.all() or not ev.included.any()):
@@ -212,7 +219,8 @@ def judge_estimates(*, claimed_epsilon: float, delta: float, estimates: Sequence
 
 
 def run_epsilon(*, run_dir: str | Path | VerifiedRun, config: EpsilonConfig | None = None,
-                write: bool = True, trust_code: bool = False) -> EpsilonReport:
+                write: bool = True, trust_code: bool = False,
+                log: Callable[[str], None] | None = None) -> EpsilonReport:
     """Compute every configured ε lower bound for a run, judge the claim, and write ``<run_dir>/epsilon.json``.
 
     Args:
@@ -222,6 +230,7 @@ def run_epsilon(*, run_dir: str | Path | VerifiedRun, config: EpsilonConfig | No
         write: Write ``epsilon.json`` atomically (the report's ``path`` is set then).
         trust_code: allow the run to name code to import (``--trust-code``); checked before anything is read
             and recorded in ``epsilon.json`` under ``code``. A run already opened keeps the trust it was opened with.
+        log: progress messages (the ``auditor_canaries`` source trains reference models).
 
     Returns:
         The :class:`EpsilonReport`.
@@ -235,11 +244,12 @@ def run_epsilon(*, run_dir: str | Path | VerifiedRun, config: EpsilonConfig | No
     run = as_run(run_dir, trust_code=trust_code, verify=False)  # the code check first, then each part once
     if write:
         with run_lock(run.run_dir):  # multi_run trains models and epsilon.json is written here: one writer at a time
-            return _run_epsilon(run=run, config=config, write=write)
-    return _run_epsilon(run=run, config=config, write=write)
+            return _run_epsilon(run=run, config=config, write=write, log=log)
+    return _run_epsilon(run=run, config=config, write=write, log=log)
 
 
-def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool) -> EpsilonReport:
+def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool,
+                 log: Callable[[str], None] | None = None) -> EpsilonReport:
     """:func:`run_epsilon` on the opened run (with its directory locked when writing)."""
     identity(run)  # weights and membership verified now; config and pool when a source uses them
     run_dir, manifest = run.run_dir, run.manifest
@@ -269,7 +279,7 @@ def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool) -> Eps
                                                       "n_models": config.multi_run_models,
                                                       "canary": config.multi_run_canary}) for e in res]
             continue
-        ev = _load_evidence(source, run=run, config=config)
+        ev = _load_evidence(source, run=run, config=config, log=log)
         (skipped if isinstance(ev, Skipped) else evidence).append(ev)
 
     plans = [(ev, _plan(ev, delta=delta, config=config, gaussian=gaussian)) for ev in evidence]

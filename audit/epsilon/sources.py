@@ -41,8 +41,10 @@ from training.run.manifest import Manifest
 __all__ = ["Evidence", "Skipped", "SOURCES", "SCORES_FILE", "pool_evidence", "input_canary_evidence",
            "gradient_canary_evidence", "read_scores", "finite_scores", "inclusion_is_half", "run_recipe"]
 
-SOURCES = ("pool", "input_canaries", "gradient_canaries", "multi_run")
-"""Evidence sources; ``multi_run`` trains models (:mod:`audit.epsilon.multi_run_source`), the rest read files."""
+SOURCES = ("pool", "input_canaries", "gradient_canaries", "multi_run", "auditor_canaries")
+"""Evidence sources; ``multi_run`` trains models (:mod:`audit.epsilon.multi_run_source`); ``auditor_canaries``
+scores the auditor's own committed canaries against reference models it trains (:mod:`audit.epsilon.auditor_source`);
+the rest read files."""
 SCORES_FILE = "scores.npz"
 
 
@@ -220,6 +222,9 @@ def input_canary_evidence(*, run: VerifiedRun, attack: str) -> Evidence | Skippe
     span = _canary_range(manifest)
     if span is None:
         return Skipped("input_canaries", "the run has no input canaries (training.canaries.count = 0)")
+    if (manifest.data.canaries or {}).get("kind") == "auditor":
+        return Skipped("input_canaries", "the canaries are an auditor's package (all members; the auditor holds the "
+                                         "inclusion bits): audit them with --canaries SECRET (source auditor_canaries)")
     why = inclusion_is_half(manifest, canaries=True)
     if why is not None:
         return Skipped("input_canaries", why)

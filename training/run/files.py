@@ -8,6 +8,8 @@ A finished run directory holds::
     config.yaml          the resolved training config (runs written by ``audit train``; sha256 in the manifest)
     import.json          the data sources of an imported checkpoint (``audit import``)
     metrics.json         accuracies, steps, loss history
+    canary_package.npz   the auditor's canary package the run trained on (training.canaries.from_file; its
+                         sha256 in the manifest's data.canaries)
     state/checkpoint.pt  resumable training state (removed when the run completes)
     tb/                  TensorBoard curves
     .lock                held while a command writes the run (training.run.lock)
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["MANIFEST_FILE", "WEIGHTS_FILE", "MEMBERSHIP_FILE", "CONFIG_FILE", "IMPORT_FILE", "METRICS_FILE",
+__all__ = ["CANARY_PACKAGE_FILE", "MANIFEST_FILE", "WEIGHTS_FILE", "MEMBERSHIP_FILE", "CONFIG_FILE", "IMPORT_FILE", "METRICS_FILE",
            "STATE_DIR", "STATE_FILE", "TB_DIR", "has_recipe", "is_complete"]
 
 MANIFEST_FILE = "manifest.json"
@@ -30,6 +32,7 @@ MEMBERSHIP_FILE = "membership.npy"
 CONFIG_FILE = "config.yaml"
 IMPORT_FILE = "import.json"
 METRICS_FILE = "metrics.json"
+CANARY_PACKAGE_FILE = "canary_package.npz"
 STATE_DIR = "state"
 STATE_FILE = Path(STATE_DIR) / "checkpoint.pt"
 TB_DIR = "tb"

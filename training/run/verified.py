@@ -32,9 +32,9 @@ import torch
 from training.config import TrainConfig
 from training.data import ImageSet
 from training.errors import CheckpointError, ConfigError
-from training.io import sha256_bytes
+from training.io import sha256_bytes, sha256_file
 from training.pool import Pool
-from training.run.files import CONFIG_FILE, IMPORT_FILE, METRICS_FILE
+from training.run.files import CANARY_PACKAGE_FILE, CONFIG_FILE, IMPORT_FILE, METRICS_FILE
 from training.run.imported import pool_from_import, pool_from_manifest, read_import_record
 from training.run.manifest import Manifest, model_config, read_manifest
 
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from training.trust import CodeTrust
 
 __all__ = ["VerifiedRun", "open_run", "as_run", "read_weights", "decode_weights", "check_finite_weights",
-           "read_membership", "read_config", "read_pool", "without_downloads"]
+           "read_membership", "read_config", "read_pool", "without_downloads",
+           "canary_package_of"]
 
 
 def read_weights(run_dir: Path, manifest: Manifest) -> bytes:
@@ -164,6 +165,23 @@ def _parse_yaml(path: Path, text: bytes) -> Any:
         raise CheckpointError(f"{path} is not valid YAML ({exc}); re-create the run") from None
 
 
+def canary_package_of(run: VerifiedRun) -> Path | None:
+    """The run's own copy of the auditor's canary package (``training.canaries.from_file``) after checking it
+    against the sha256 the manifest records; None when the run trained on no package.
+
+    Raises:
+        CheckpointError: the copy is missing or differs from the manifest's record.
+    """
+    if run.config is None or run.config.training.canaries.from_file is None:
+        return None
+    path = run.run_dir / CANARY_PACKAGE_FILE
+    want = (run.manifest.data.canaries or {}).get("package_sha256")
+    if not path.is_file() or want is None or sha256_file(path) != want:
+        raise CheckpointError(f"{path} is missing or does not match the package sha256 in the manifest "
+                              f"(data.canaries): the run does not carry the canary package it trained on")
+    return path
+
+
 def read_pool(run: VerifiedRun, built: Pool | None = None) -> tuple[ImageSet, ImageSet | None, str]:
     """``(pool, population, population_source)`` rebuilt for ``run`` and checked against its manifest.
 
@@ -188,7 +206,7 @@ def read_pool(run: VerifiedRun, built: Pool | None = None) -> tuple[ImageSet, Im
             raise CheckpointError(f"{run.run_dir}: the manifest's data.{key} = {said[key]!r} differs from "
                                   f"{CONFIG_FILE}'s data.{key} = {used[key]!r}: the run directory was edited; "
                                   f"restore it (or retrain) before auditing")
-        built = built if built is not None else build_pool(config)
+        built = built if built is not None else build_pool(config, canary_package=canary_package_of(run))
         pool, population = built.images, built.test
         if population is not None:
             source = f"{config.data.dataset}/{config.data.test_split} (test split)"
