@@ -30,7 +30,8 @@ class EpsilonConfig(Strict):
     """Empirical epsilon settings (`audit epsilon`)."""
 
     alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - confidence of the verdict (shared by its bounds)")
-    sources: tuple[Literal["pool", "input_canaries", "gradient_canaries", "multi_run", "auditor_canaries"], ...] = Field(
+    sources: tuple[Literal["pool", "input_canaries", "gradient_canaries", "multi_run",
+                           "auditor_canaries"], ...] = Field(
         ("pool", "input_canaries", "gradient_canaries"),
         description="evidence sources; multi_run (trains multi_run_models models) only when listed; "
         "auditor_canaries needs canaries (the auditor's secret file)")

@@ -43,7 +43,7 @@ def _cfg(tmp_path: Path, package: Path, **training) -> TrainConfig:
         "data": {"dataset": "synthetic", "split": "train:n=60,classes=4", "test_split": "test:n=20,classes=4",
                  "audit_split": True, "member_prob": 0.5},
         "model": {"arch": "mlp", "kwargs": {"hidden": [32]}},
-        "privacy": {"enabled": True, "noise_multiplier": 1.0, "delta": 1e-3},
+        "privacy": {"enabled": True, "noise_multiplier": 1.0, "delta": 1e-5},
         "optim": {"name": "sgd", "lr": 0.1},
         "training": {"steps": 3, "batch_size": 16, "progress": False, "canaries": {"from_file": str(package)},
                      **training}})
@@ -65,7 +65,8 @@ def test_commitment_round_trip_and_the_package_hides_the_bits(tmp_path):
     pkg = read_package(paths["package"])
     assert pkg.commitment == secret.commitment and pkg.sha256 == back.package_sha256
     assert pkg.count == int(secret.included.sum()) < secret.count
-    assert np.array_equal(pkg.x, secret.x[secret.package_order]) and np.array_equal(pkg.y, secret.y[secret.package_order])
+    assert np.array_equal(pkg.x, secret.package_x) and np.array_equal(pkg.y, secret.package_y)
+    assert np.array_equal(secret.package_x, secret.x[secret.package_order])
     # the package holds the included canaries only, shuffled, and nothing that names the bits, seed or salt
     with np.load(paths["package"], allow_pickle=False) as npz:
         assert set(npz.files) == {"x", "y", "meta"}
@@ -206,3 +207,24 @@ def test_null_canary_scores_give_no_violation():
                             estimates=[SourcedEstimate(source="auditor_canaries", estimate=est, in_verdict=True)])
         violations += str(v.status) == "VIOLATION"
     assert violations <= 2
+
+
+def test_a_memoriser_claiming_small_epsilon_is_a_violation_from_black_box_evidence(tmp_path):
+    """A model trained without the noise it claims (σ = 8 → ε ≈ 0.5) memorises the OOD canaries; the auditor's
+    σ = 0 references explain it better than the claimed ones and the one-run bound exceeds the claim."""
+    secret, paths = _secret(tmp_path, count=300)
+    base = _cfg(tmp_path, paths["package"], steps=60, batch_size=32)
+    cfg = base.model_copy(update={"model": base.model.model_copy(update={"kwargs": {"hidden": [256]}}),
+                                  "optim": base.optim.model_copy(update={"name": "adam", "lr": 0.01}),
+                                  "privacy": base.privacy.model_copy(update={"noise_multiplier": 8.0})})
+    run_dir = train(cfg, _debug_disable_noise=True).run_dir
+    from audit.epsilon.runner import run_epsilon
+
+    report = run_epsilon(run_dir=run_dir, config=EpsilonConfig(sources=("auditor_canaries",),
+                                                               canaries=str(paths["secret"]), canary_references=4))
+    claim = report.claimed_epsilon
+    assert claim < 1.0 and report.verdict.findings == ()  # the forged record itself is consistent
+    assert str(report.verdict.status) == "VIOLATION" and report.verdict.best_epsilon_lb > claim
+    prov = report.estimates[0].provenance
+    assert prov["reference_set_used"] == "sigma0" and prov["commitment"] == secret.commitment
+    assert [s["name"] for s in prov["reference_sets"]] == ["claimed", "sigma0"]

@@ -41,7 +41,8 @@ from training.data import to_float_tensor
 from training.dp.batched import train_many
 from training.dp.recipe import TrainRecipe
 from training.errors import UserError
-from training.io import fingerprint_arrays, read_json, save_safetensors, sha256_bytes, sha256_file, write_json, write_npy
+from training.io import (fingerprint_arrays, read_json, save_safetensors, sha256_bytes, sha256_file, write_json,
+                         write_npy)
 from training.run import VerifiedRun
 
 __all__ = ["ReferenceSet", "reference_recipes", "prepare_reference_set", "INDEX_FORMAT"]

@@ -187,7 +187,8 @@ def verify_secret(secret: CanarySecret) -> str:
     return got
 
 
-def write_canaries(out_dir: str | os.PathLike[str], secret: CanarySecret, *, overwrite: bool = False) -> dict[str, Path]:
+def write_canaries(out_dir: str | os.PathLike[str], secret: CanarySecret, *,
+                   overwrite: bool = False) -> dict[str, Path]:
     """Write the vendor package, the secret file and ``commitment.txt`` into ``out_dir`` (each atomically).
 
     Returns:

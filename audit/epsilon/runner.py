@@ -282,6 +282,10 @@ def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool,
         ev = _load_evidence(source, run=run, config=config, log=log)
         (skipped if isinstance(ev, Skipped) else evidence).append(ev)
 
+    if any(ev.source == "auditor_canaries" for ev in evidence):
+        from audit.epsilon.auditor_source import AUDITOR_CANARY_LIMITS
+
+        notes.append(f"auditor_canaries: {AUDITOR_CANARY_LIMITS}")
     plans = [(ev, _plan(ev, delta=delta, config=config, gaussian=gaussian)) for ev in evidence]
     n_deciding = sum(d for _, plan in plans for _, d in plan)
     a_deciding = config.alpha / n_deciding if (config.split_alpha and n_deciding) else config.alpha

@@ -218,6 +218,11 @@ def threat_section(run: RunFiles) -> ThreatModel:
     if "input_canaries" in sources:
         paras.append("Input canaries: the auditor planted specially crafted images, each included in training "
                      "with probability 1/2, and checks from the model's scores which ones were used.")
+    if "auditor_canaries" in sources:
+        paras.append("Auditor-chosen canaries: the auditor drew the canaries, included each with probability 1/2 and "
+                     "published a commitment before training; the vendor trained on the included ones only. The "
+                     "auditor scores every canary from the model's outputs against reference models it trained "
+                     "itself (with the claimed noise and without it).")
     if "gradient_canaries" in sources:
         paras.append("White-box canaries: the auditor planted random gradient directions (canaries), each "
                      "included with probability 1/2, and reads the model parameters to see which ones were "

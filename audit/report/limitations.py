@@ -11,13 +11,14 @@ import math
 from typing import TYPE_CHECKING
 
 from attacks.config import reference_free_attacks
+from audit.epsilon.auditor_source import AUDITOR_CANARY_LIMITS
 from audit.report import fmt
 
 if TYPE_CHECKING:  # pragma: no cover
     from audit.report.inputs import RunFiles
     from audit.report.model import Report
 
-__all__ = ["limitations", "FEW_REFERENCE_MODELS", "CROSS_CHECK_RTOL"]
+__all__ = ["limitations", "FEW_REFERENCE_MODELS", "CROSS_CHECK_RTOL", "AUDITOR_CANARY_LIMITS"]
 
 #: Fewer reference models than this are flagged (LiRA/RMIA papers report 64 to 256).
 FEW_REFERENCE_MODELS = 16
@@ -105,8 +106,10 @@ def _attacks(run: RunFiles, report: Report) -> list[str]:
 
 def _estimates(run: RunFiles, report: Report) -> list[str]:
     out = []
-    methods = {r.method for r in report.epsilon.rows}
+    methods = {r.method for r in report.epsilon.rows if r.source != "auditor_canaries"}
     scheme = run.manifest.data.membership.scheme
+    if any(r.source == "auditor_canaries" for r in report.epsilon.rows):
+        out.append(AUDITOR_CANARY_LIMITS)
     if methods & {"one_run", "one_run_fdp"} and scheme != "bernoulli":
         out.append(f"One-run estimates assume every audited example was included independently with probability "
                    f"1/2, but this run's membership scheme is '{scheme}'.")
