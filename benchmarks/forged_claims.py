@@ -58,8 +58,9 @@ DELTA = 1e-5
 def _config(args: argparse.Namespace, *, name: str, seed: int, sigma: float, package: Path) -> TrainConfig:
     return TrainConfig.model_validate({
         "name": name, "output_dir": str(args.work / "runs"),
-        "data": {"dataset": "digits", "audit_split": True, "member_prob": 0.5, "membership_seed": seed},
-        "model": {"arch": "small_cnn", "kwargs": {"channels": args.channels}},
+        "data": {"dataset": "digits", "audit_split": True, "member_prob": 0.5, "membership_seed": seed,
+                 "pool_size": args.pool_size, "pool_seed": 0},
+        "model": {"arch": args.arch, "kwargs": {"channels" if args.arch == "small_cnn" else "hidden": args.width}},
         "privacy": {"enabled": True, "noise_multiplier": sigma, "delta": DELTA, "max_grad_norm": 1.0,
                     "accountant": "prv"},
         "optim": {"name": "adam", "lr": args.lr},
@@ -125,7 +126,7 @@ def _train_arm(args, arm: str, target_eps: float, noisy: bool, secrets_dirs: lis
         recipe = dataclasses.replace(recipe, noise_multiplier=0.0)  # the forgery: no noise, same record
     from attacks.recipe import model_factory
 
-    factory = model_factory(cfgs[0].model, num_classes=10, input_shape=(3, 8, 8))
+    factory = model_factory(cfgs[0].model, num_classes=10, input_shape=(3, 8, 8))  # digits: 10 classes, 8x8
     states = train_many(model_factory=factory, x=to_float_tensor(x), y=torch.as_tensor(y), masks=union,
                         seeds=[1000 + s for s in range(args.seeds)], recipe=recipe, executor="batched")
     runs = [_write_run(c, st, command=f"audit train (benchmarks/forged_claims.py, {arm})")
@@ -137,10 +138,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--canaries", type=int, default=1000)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--channels", type=lambda s: [int(c) for c in s.split(",")], default=[32, 64])
+    parser.add_argument("--arch", choices=["mlp", "small_cnn"], default="mlp")
+    parser.add_argument("--width", type=lambda s: [int(c) for c in s.split(",")], default=[256],
+                        help="mlp hidden widths or small_cnn channels")
+    parser.add_argument("--pool-size", type=int, default=300, help="real pool examples (a seeded digits subset)")
     parser.add_argument("--references", type=int, default=8, help="reference models per set")
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--work", type=Path, default=Path("results/forged_claims"))
@@ -174,13 +178,14 @@ def main() -> None:
 def _table(args, rows, total_s: float) -> str:
     lines = ["# Forged privacy claims vs auditor-chosen canaries (black-box)", "",
              f"Re-make: `{command_line('forged_claims.py')}`", "",
-             f"digits (1,347 real pool examples, members Bernoulli(1/2)), small_cnn channels {args.channels}, Adam lr "
-             f"{args.lr}, {args.steps} steps, batch {args.batch_size}, C = 1, δ = {DELTA:g}; {args.seeds} seeds per arm; "
+             f"digits ({args.pool_size} real pool examples, members Bernoulli(1/2)), {args.arch} {args.width}, Adam "
+             f"lr {args.lr}, {args.steps} steps, batch {args.batch_size}, C = 1, δ = {DELTA:g}; {args.seeds} seeds "
+             f"per arm; "
              f"{args.canaries} OOD canaries per secret (each included w.p. 1/2, committed before training); "
              f"{args.references} reference models per set; α = {args.alpha}. The forged arm trains without noise "
              "while its config, manifest and metrics state the ε = 1 recipe (it passes the claim check).", "",
-             "| arm | claimed ε (range) | VIOLATION | CONSISTENT/other | ε_lb mean ± SD | ε_lb max | reference set used "
-             "(count) | canaries m (included mean) | test acc mean | train s | audit s |",
+             "| arm | claimed ε (range) | VIOLATION | CONSISTENT/other | ε_lb mean ± SD | ε_lb max | "
+             "reference set used (count) | canaries m (included mean) | test acc mean | train s | audit s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm, runs, reports, train_s, audit_s in rows:
         lbs = np.array([r.verdict.best_epsilon_lb for r in reports])

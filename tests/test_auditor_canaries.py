@@ -142,6 +142,17 @@ def test_every_mismatch_between_run_and_secret_is_refused(vendor_run, tmp_path):
                 update={"from_file": None})})}))
     with pytest.raises(CheckpointError, match="did not train on an auditor's canary package"):
         check_run_against_secret(open_run(plain.run_dir), read_secret(paths["secret"]))
+    # a vendor that edits the package (relabels a canary) and trains on it: not the file the secret wrote
+    import shutil as _sh
+
+    forged = tmp_path / "forged_package.npz"
+    _sh.copyfile(paths["package"], forged)
+    pkg = read_package(forged)
+    _resave(forged, y=np.where(np.arange(pkg.count) == 0, (pkg.y + 1) % 4, pkg.y))
+    edited = _cfg(tmp_path, forged)
+    edited = train(edited.model_copy(update={"name": "edited"})).run_dir
+    with pytest.raises(CheckpointError, match="is not the file this secret wrote"):
+        check_run_against_secret(open_run(edited), read_secret(paths["secret"]))
     # the CLI: one line, exit 2, before any reference model is trained
     res = CliRunner().invoke(main, ["epsilon", str(run_dir), "--canaries", str(other["secret"])])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and res.output.startswith("error: ")
