@@ -26,8 +26,8 @@ import torch
 from training.accounting import DPPhase, cross_check, default_delta, epsilon_for
 from training.config import ModelConfig, TrainConfig, dump_config
 from training.errors import CheckpointError, UserError
-from training.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json, write_npy,
-                         write_text)
+from training.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json,
+                         write_npy, write_text)
 from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger

@@ -185,7 +185,7 @@ def prepare_reference_set(*, run: VerifiedRun, secret: CanarySecret, name: str, 
     t0 = time.perf_counter()
     states = train_many(
         model_factory=factory, x=to_float_tensor(x), y=torch.as_tensor(y), masks=keep_all,
-        seeds=shadow_seeds(n_models, seed), recipe=recipe, executor="auto", workers=1)
+        seeds=shadow_seeds(n_models, seed), recipe=recipe, executor="auto")
     seconds = time.perf_counter() - t0
     phi = np.empty((*shape, 1), dtype=np.float64)
     tensors: dict[str, torch.Tensor] = {}
