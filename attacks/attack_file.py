@@ -65,11 +65,16 @@ class LeaveOneOut(ResultModel):
 
 
 class AttackEntry(ResultModel):
-    """One attack: its parameters, metrics, ROC, per-class AUC, most exposed members (pool positions)."""
+    """One attack: its parameters, metrics, ROC, per-class AUC, most exposed members (pool positions).
 
-    _omit_if_none = frozenset({"leave_one_out"})
+    ``info``: the attack's diagnostics on the reported target (RMIA: population size, tie groups before and after
+    breaking, the offline ``a`` used and what it was chosen on; LiRA: fallback counts); absent in older files.
+    """
+
+    _omit_if_none = frozenset({"leave_one_out", "info"})
 
     params: dict[str, Any]
+    info: dict[str, Any] | None = None
     metrics: AttackMetrics
     roc: Roc
     per_class: dict[str, ClassSlice]
@@ -83,6 +88,7 @@ class AttackSetup(ResultModel):
     pool_size: int
     n_members: int
     n_population: int
+    population_rule: str | None = None  # how n_population was chosen (absent: older file)
     evaluation: Literal["target", "leave_one_out", "both"]
     recipe_hash: str | None
     executor: str | None

@@ -47,11 +47,21 @@ class AttackConfig(Strict):
     ray_cpus_per_task: float = Field(1.0, gt=0, description="ray executor: CPUs each task asks for")
     ray_gpus_per_task: float = Field(0.0, ge=0, description="ray executor: GPUs each task asks for")
     ray_max_retries: int = Field(3, ge=0, description="ray executor: re-runs of a failed or killed task")
-    population: int = Field(500, ge=0, description="population samples z for RMIA (from the test split)")
+    population: int | Literal["all"] = Field("all", description="population samples z for Attack-P and RMIA: "
+                                             "'all' (every image of the run's population source: its test split, "
+                                             "or the non-members held out at import, capped by "
+                                             "population_memory_mb) or a number (a seeded subset)")
+    population_memory_mb: float = Field(1024.0, gt=0.0, description="memory budget of the population signals and "
+                                        "images (MiB): caps population 'all' and numbers alike")
     evaluation: Literal["target", "leave_one_out", "both"] = "target"
     n_bootstrap: int = Field(200, ge=0)
     rmia_gamma: float = Field(1.0, gt=0.0)
-    rmia_offline_a: float = Field(0.3, ge=0.0, le=1.0)
+    rmia_offline_a: float | Literal["auto"] = Field("auto", description="offline RMIA's a in [0, 1], or 'auto': "
+                                                    "chosen on the reference models (one as a pseudo-target)")
+    rmia_ties: Literal["likelihood_ratio", "keep"] = Field("likelihood_ratio", description="RMIA: break ties "
+                                                           "between equal pairwise fractions by the likelihood ratio")
+    lira_location: Literal["median", "mean"] = Field("median", description="LiRA's centre of the reference "
+                                                     "signals: median (the LiRA paper's code) or mean")
     top_vulnerable: int = Field(20, ge=0)
     seed: int = Field(0, description="seed of the keep masks, reference-model seeds, population draw, bootstrap")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where reference models train and run")
@@ -69,6 +79,10 @@ class AttackConfig(Strict):
             self.ray_options()
         except ValueError as exc:
             raise ValueError(f"attack.ray_*: {exc}") from None
+        if self.population != "all" and (isinstance(self.population, bool) or self.population < 0):
+            raise ValueError(f"attack.population must be 'all' or an integer >= 0; got {self.population!r}")
+        if self.rmia_offline_a != "auto" and not 0.0 <= self.rmia_offline_a <= 1.0:
+            raise ValueError(f"attack.rmia_offline_a must be 'auto' or a number in [0, 1]; got {self.rmia_offline_a!r}")
         return self
 
     def ray_options(self) -> RayOptions:
@@ -76,6 +90,11 @@ class AttackConfig(Strict):
         return RayOptions(address=self.ray_address, cpus_per_task=float(self.ray_cpus_per_task),
                           gpus_per_task=float(self.ray_gpus_per_task), max_retries=int(self.ray_max_retries),
                           local_cpus=self.workers)
+
+    def attack_params(self) -> dict[str, object]:
+        """The settings :func:`attacks.registry.configured_attack` takes."""
+        return {"gamma": self.rmia_gamma, "offline_a": self.rmia_offline_a, "ties": self.rmia_ties,
+                "lira_location": self.lira_location}
 
     @property
     def augmentations(self) -> AugmentationSpec:

@@ -16,7 +16,8 @@ without (OUT) the example are modelled as Gaussians ``N(mu_in, var_in)`` and ``N
 
 Estimators (documented choices, tested against naive loops):
 
-- location: per-example ``mean`` (the paper's Algorithm 1) or ``median`` (the reference code);
+- location: per-example ``median`` (default: the LiRA paper's released code) or ``mean`` (the paper's
+  Algorithm 1); ``attack.json`` records which under the attack's ``params``;
 - per-example variance: unbiased (``ddof=1``) over that example's IN (or OUT) references;
 - ``fix_variance=True``: one variance per augmentation and side, the pooled within-example variance
   ``sum_i sum_k (phi_ik - mu_i)^2 / sum_i (n_i - 1)`` over examples with ``n_i >= 2`` references on that side.
@@ -152,7 +153,7 @@ class _Lira(Attack):
     """Shared parameters of online and offline LiRA."""
 
     fix_variance: bool = False
-    location: Literal["mean", "median"] = "mean"
+    location: Literal["median", "mean"] = "median"
     min_refs: int = 2
 
     needs_reference = True

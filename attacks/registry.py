@@ -290,19 +290,25 @@ def attack_names() -> tuple[str, ...]:
     return tuple(ATTACK_SPECS)
 
 
-def configured_attack(name: str, *, gamma: float = 1.0, offline_a: float = 0.3) -> Attack:
-    """The registry attack behind a config name, with its parameters (RMIA: ``gamma``, offline ``a``).
+def configured_attack(name: str, *, gamma: float = 1.0, offline_a: float | str = "auto",
+                      ties: str = "likelihood_ratio", lira_location: str = "median") -> Attack:
+    """The registry attack behind a config name, with its parameters (RMIA: ``gamma``, offline ``a``, ``ties``;
+    LiRA: ``location``, the median by default as in the LiRA paper's code).
 
     >>> configured_attack("lira_online_fixed_var").params()["fix_variance"]
     True
+    >>> configured_attack("lira_offline").params()["location"], configured_attack("rmia_offline").params()["a"]
+    ('median', 'auto')
     """
     if name not in ATTACK_SPECS:
         raise UserError(f"unknown attack {name!r}; valid: {', '.join(ATTACK_SPECS)}")
     registry_name, params = ATTACK_SPECS[name]
-    if registry_name == "rmia_online":
-        params = {**params, "gamma": float(gamma)}
-    elif registry_name == "rmia_offline":
-        params = {**params, "gamma": float(gamma), "a": float(offline_a)}
+    if registry_name.startswith("rmia_"):
+        params = {**params, "gamma": float(gamma), "ties": ties}
+    if registry_name == "rmia_offline":
+        params = {**params, "a": offline_a if offline_a == "auto" else float(offline_a)}
+    if registry_name.startswith("lira_"):
+        params = {**params, "location": lira_location}
     return build_attack(registry_name, **params)
 
 

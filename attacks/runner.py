@@ -172,7 +172,8 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
                                   log=say if progress else None)  # None: no progress bar either
     phi = load_or_compute_signals(target=target, shadows=shadows, spec=settings.augmentations,
                                   n_population=settings.population, seed=settings.seed, device=device,
-                                  batch_size=settings.signal_batch_size, log=say)
+                                  batch_size=settings.signal_batch_size,
+                                  population_memory_mb=settings.population_memory_mb, log=say)
     labels = np.asarray(target.pool.y)
     k = 0 if shadows is None else shadows.n_models
     refs = np.arange(1, k + 1)
@@ -180,19 +181,19 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
     scores: dict[str, np.ndarray] = {}
     truth = target.membership if settings.evaluation != "leave_one_out" else phi.keep[0]
     for name in settings.attacks:
-        attack = configured_attack(name, gamma=settings.rmia_gamma, offline_a=settings.rmia_offline_a)
+        attack = configured_attack(name, **settings.attack_params())
         say(f"running {name}")
         loo = None
         if settings.evaluation != "target":
             rounds = leave_one_out(attack, phi.pool[1:], phi.keep, labels,
                                    pop_phi=phi.population[1:] if phi.population.shape[1] else None)
             loo = loo_summary([(r.scores, r.membership) for r in rounds])
-        if settings.evaluation == "leave_one_out":
-            score = rounds[0].scores
+        if settings.evaluation == "leave_one_out":   # round 0: reference 1 is the target, references 2..K its own
+            score, info = attack.score_with_info(_inputs(phi, 1, refs[1:], labels))
         else:
-            score = attack.score(_inputs(phi, 0, refs if k else None, labels))
+            score, info = attack.score_with_info(_inputs(phi, 0, refs if k else None, labels))
         scores[name] = np.asarray(score, dtype=np.float64)
-        entry = {"params": {"attack": ATTACK_SPECS[name][0], **attack.params()},
+        entry = {"params": {"attack": ATTACK_SPECS[name][0], **attack.params()}, "info": info,
                  **evaluate_scores(scores[name], truth, labels, n_boot=settings.n_bootstrap, seed=settings.seed,
                                    top_k=settings.top_vulnerable)}
         if loo is not None:
@@ -205,6 +206,8 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         "inputs": inputs_record(target, config_sha256=settings.sha256()),
         "setup": {"n_reference": k, "augmentations": list(settings.augmentations.names), "pool_size": len(labels),
                   "n_members": int(target.membership.sum()), "n_population": int(phi.population.shape[1]),
+                  "population_rule": f"{phi.population_rule} ({target.population_source})"
+                  if phi.population.shape[1] else "none",
                   "evaluation": settings.evaluation,
                   "recipe_hash": None if shadows is None else shadows.index["recipe_hash"],
                   "executor": None if shadows is None else shadows.executor,

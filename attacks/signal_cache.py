@@ -38,7 +38,7 @@ from training.data import ImageSet
 from training.io import write_npz
 from training.run import VerifiedRun, inputs_digest
 
-__all__ = ["SIGNALS_FILE", "Signals", "choose_population", "signals_key", "content_sha256",
+__all__ = ["SIGNALS_FILE", "Signals", "choose_population", "population_size", "signals_key", "content_sha256",
            "load_or_compute_signals"]
 
 SIGNALS_FILE = "signals.npz"
@@ -54,6 +54,7 @@ class Signals:
     keep: np.ndarray
     augmentations: tuple[str, ...]
     key: str
+    population_rule: str = ""
 
 
 def choose_population(population: ImageSet | None, m: int, seed: int) -> np.ndarray:
@@ -67,6 +68,27 @@ def choose_population(population: ImageSet | None, m: int, seed: int) -> np.ndar
     size = min(int(m), len(population))
     rng = np.random.default_rng([int(seed), 0x504F50])
     return np.sort(rng.choice(len(population), size=size, replace=False)).astype(np.int64)
+
+
+def population_size(requested: int | str, available: int, *, n_models: int, n_augmentations: int,
+                    image_bytes: int, memory_mb: float) -> tuple[int, str]:
+    """How many population samples to use, and the rule that chose it (for ``attack.json``).
+
+    ``requested`` is ``"all"`` or a number; either is capped by what exists and by ``memory_mb``, the budget
+    of the population's signals (``n_models x n_augmentations`` float32 per sample) and image copy.
+
+    >>> population_size("all", 10_000, n_models=17, n_augmentations=2, image_bytes=3072, memory_mb=1024)
+    (10000, 'all 10,000 available')
+    >>> population_size("all", 10_000, n_models=17, n_augmentations=2, image_bytes=3072, memory_mb=1)[0]
+    326
+    """
+    per_sample = n_models * n_augmentations * 4 + int(image_bytes)
+    cap = int(memory_mb * 2**20 // max(1, per_sample))
+    want = available if requested == "all" else min(int(requested), available)
+    what = f"all {available:,} available" if requested == "all" else f"{want:,} of {available:,} available"
+    if want > cap:
+        return cap, f"{what}, capped at {cap:,} by population_memory_mb={memory_mb:g}"
+    return want, what
 
 
 def signals_key(*, target: VerifiedRun, shadows: ShadowSet | None, spec: AugmentationSpec,
@@ -122,7 +144,8 @@ _RECHECK_TOL = 1e-3
 
 
 def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, spec: AugmentationSpec,
-                            n_population: int, seed: int, device: torch.device, batch_size: int = 512,
+                            n_population: int | str, seed: int, device: torch.device, batch_size: int = 512,
+                            population_memory_mb: float = 1024.0,
                             log: Callable[[str], None] | None = None) -> Signals:
     """Signals of the target (model 0) and the reference models on the pool and population, cached.
 
@@ -130,17 +153,23 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
         target: the verified target.
         shadows: its verified reference models, or None.
         spec: the augmented queries.
-        n_population: how many population samples z to use (fewer when fewer exist; 0 for none).
+        n_population: how many population samples z to use, or ``"all"`` (fewer when fewer exist or
+            ``population_memory_mb`` caps them, :func:`population_size`; 0 for none).
         seed: seeds the population draw.
         device: where the models run.
         batch_size: examples per forward pass.
+        population_memory_mb: the population's memory budget (MiB).
         log: optional progress callback.
 
     Returns:
         :class:`Signals`, read from ``<run>/signals.npz`` when its key matches, else computed and written.
     """
     say = log or (lambda _msg: None)
-    pop_index = choose_population(target.population, n_population, seed)
+    available = 0 if target.population is None else len(target.population)
+    m_pop, rule = population_size(n_population, available, n_models=1 + (0 if shadows is None else shadows.n_models),
+                                  n_augmentations=spec.n_augmentations, memory_mb=population_memory_mb,
+                                  image_bytes=0 if not available else target.population.x[0].nbytes)
+    pop_index = choose_population(target.population, m_pop, seed)
     population = target.population.subset(pop_index) if pop_index.size else None
     key = signals_key(target=target, shadows=shadows, spec=spec,
                       population_fingerprint=None if population is None else population.fingerprint(),
@@ -159,13 +188,14 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
 
     cached = _read_cache(path, key, say)
     target_phi = None
+    say(f"population: {rule} ({target.population_source})" if available else "population: none available")
     if cached is not None:
         target_phi = signals_of(target, keep_weights=True)
         same = all(c.shape == t.shape and np.allclose(c, t, rtol=_RECHECK_TOL, atol=_RECHECK_TOL)
                    for c, t in zip((cached.pool[0], cached.population[0]), target_phi))
         if same:
             say(f"signals re-used from {path} (content hash and the target's own signals verified)")
-            return cached
+            return dataclasses.replace(cached, population_rule=rule)
         say(f"{path} holds target signals that differ from the target's weights: recomputing")
     phi_pool = np.empty((len(runs), n, a), dtype=np.float32)
     phi_pop = np.empty((len(runs), m, a), dtype=np.float32)
@@ -178,4 +208,4 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
               "keep": keep, "augmentations": np.array(spec.names)}
     write_npz(path, **arrays, content_sha256=np.array(content_sha256(arrays)))
     return Signals(pool=phi_pool, population=phi_pop, population_index=pop_index, keep=keep,
-                   augmentations=spec.names, key=key)
+                   augmentations=spec.names, key=key, population_rule=rule)

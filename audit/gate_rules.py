@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from attacks.attack_file import AttackFile
 from attacks.registry import attack_names
+from attacks.resolution import not_resolvable, resolvable
 from audit.report import fmt
 from audit.report.inputs import RunFiles, level_key
 from training.errors import UserError
@@ -179,6 +180,10 @@ def _nan_low(x: float | None) -> float:
     return -math.inf if x is None or math.isnan(x) else x
 
 
+def _n_non(run: RunFiles, attack: str) -> int:
+    return run.attack.attacks[attack].metrics.n_nonmembers
+
+
 def _tpr_interval(run: RunFiles, rule: TprAtFpr) -> tuple[str, float, float, float]:
     attack = _need(run.attack, "attack.json", run, "audit attack")
     if not attack.attacks:
@@ -231,6 +236,12 @@ def _eval_tpr(rule: TprAtFpr, baseline: RunFiles, candidate: RunFiles) -> RuleRe
     ok = not clo > limit
     detail = (f"candidate CI low {fmt.prob(clo)} {'≤' if ok else '>'} baseline CI high {fmt.prob(bhi)} + tolerance "
               f"{fmt.prob(rule.tolerance)} = {fmt.prob(limit)}")
+    unresolved = [f"{who} {not_resolvable(n)}" for who, n in (("baseline", _n_non(baseline, bn)),
+                                                                 ("candidate", _n_non(candidate, cn)))
+                  if not resolvable(rule.fpr, n)]
+    if unresolved:   # the comparison is then of TPR at zero false positives, not at this FPR: say so
+        detail += (f"; TPR at {fmt.fpr_label(rule.fpr)} FPR is {' and '.join(unresolved)}: this compares TPR at "
+                   f"zero false positives")
     return RuleResult(
         rule=rule.rule, label=f"TPR at {fmt.fpr_label(rule.fpr)} FPR ({rule.attack})",
         baseline=f"{fmt.prob(bt)} {fmt.ci(blo, bhi)} {bn}", candidate=f"{fmt.prob(ct)} {fmt.ci(clo, chi)} {cn}",

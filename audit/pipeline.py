@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attacks.resolution import not_resolvable, resolvable
 from audit.config import RunConfig, select_variant, variant_names
 from training.errors import ConfigError
 from training.io import read_json, sha256_file, write_json
@@ -177,8 +178,10 @@ def summarize(run: Path | VerifiedRun) -> dict[str, Any]:
     out["test_accuracy"] = files.test_accuracy
     if files.attack is not None and files.attack.attacks:
         name, entry = max(files.attack.attacks.items(), key=lambda kv: kv[1].metrics.auc)
+        tpr = entry.metrics.tpr_at_fpr.get("0.001")
         out.update(strongest_attack=name, auc=entry.metrics.auc,
-                   tpr_at_0_1pct_fpr=entry.metrics.tpr_at_fpr.get("0.001"))
+                   tpr_at_0_1pct_fpr=tpr if resolvable(0.001, entry.metrics.n_nonmembers)
+                   else not_resolvable(entry.metrics.n_nonmembers))
     if files.epsilon is not None:
         out.update(epsilon_lb=files.epsilon.verdict.best_epsilon_lb, verdict=str(files.epsilon.verdict.status))
     return out

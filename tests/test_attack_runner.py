@@ -69,14 +69,16 @@ def test_attack_json_has_the_documented_schema(attacked) -> None:
     assert report["inputs"]["membership_sha256"] == manifest["data"]["membership_sha256"]
     assert report["inputs"]["pool_fingerprint"] == manifest["data"]["pool_fingerprint"]
     assert set(report["setup"]) == {"n_reference", "augmentations", "pool_size", "n_members", "n_population",
-                                    "evaluation", "recipe_hash", "executor", "shadow_train_seconds"}
+                                    "population_rule", "evaluation", "recipe_hash", "executor",
+                                    "shadow_train_seconds"}
     setup = report["setup"]
     assert (setup["n_reference"], setup["pool_size"], setup["n_population"], setup["evaluation"]) == (K, 96, 20, "both")
     assert setup["augmentations"] == ["identity", "hflip"] and setup["executor"] == "batched"
     assert setup["n_members"] == manifest["data"]["membership"]["n_members"]
     assert set(report["attacks"]) == set(attack_names()) == set(ATTACK_SPECS)
     for name, entry in report["attacks"].items():
-        assert set(entry) == {"params", "metrics", "roc", "per_class", "most_vulnerable", "leave_one_out"}, name
+        assert set(entry) == {"params", "info", "metrics", "roc", "per_class", "most_vulnerable",
+                              "leave_one_out"}, name
         m = entry["metrics"]
         assert set(m) == {"auc", "auc_ci", "tpr_at_fpr", "tpr_at_fpr_ci", "balanced_accuracy", "n_members",
                           "n_nonmembers"}
@@ -93,6 +95,12 @@ def test_attack_json_has_the_documented_schema(attacked) -> None:
         assert set(entry["leave_one_out"]) >= {"auc_mean", "auc_std", "tpr_at_fpr_mean"}
         assert entry["params"]["attack"] == ATTACK_SPECS[name][0]
     assert report["attacks"]["lira_online_fixed_var"]["params"]["fix_variance"] is True
+    assert {report["attacks"][n]["params"]["location"] for n in ATTACK_SPECS if n.startswith("lira")} == {"median"}
+    offline = report["attacks"]["rmia_offline"]
+    assert offline["params"]["a"] == "auto" and offline["info"]["a"] in offline["info"]["a_tuning"]["grid"]
+    assert "pseudo-target" in offline["info"]["a_tuning"]["chosen_on"]
+    assert offline["info"]["ties"] == "likelihood_ratio" and offline["info"]["n_population"] == 20
+    assert set(offline["info"]["ties_before_breaking"]) == {"tied", "largest", "top"}
     assert set(report["utility"]) == {"test_accuracy", "train_accuracy"}
 
 
@@ -236,10 +244,11 @@ def test_attack_settings_come_from_the_runs_variant(tmp_path: Path) -> None:
 
 
 def test_attack_config_is_strict_and_its_hash_is_stable() -> None:
-    # pinned: attack.json files written before AttackConfig moved into attacks/ must stay current
-    assert AttackConfig().sha256() == "a7f26f75d2ca7e37f07d664464e06918f4a78f147e96bff975ae7d92640ffbe6"
+    # pinned: a change here makes every earlier attack.json stale (re-made by audit attack / audit run). It changed
+    # last when the defaults changed results: population 'all', offline RMIA's a tuned, ties broken, LiRA median
+    assert AttackConfig().sha256() == "4a8eabccd32738e4ff1eb884ac68355ef8dc525a67cf384a007bbbed44e508b5"
     cfg = AttackConfig(n_reference=4, attacks=("loss", "rmia_offline"), shifts=1, seed=3, workers=4)
-    assert cfg.sha256() == "2c098a29694c68e991319fdda1bd38e6e53c6778404ca23e392913752b92dfde"
+    assert cfg.sha256() == "1e96105e78fa6b9c7fd821445d98c4730649f6b0f4bd55b7220fb248e8270b71"
     assert AttackConfig().attacks == attack_names()
     with pytest.raises(ValueError, match="n_refs"):
         AttackConfig.model_validate({"n_refs": 4})  # a renamed field is an error, never a silent default

@@ -72,9 +72,11 @@ def test_attack_numbers_equal_attack_json(run: Path) -> None:
         row = _row(html, "data-attack", name)
         md_row = next(line for line in md.splitlines() if line.startswith(f"| {name} |"))
         expected = [_p4(m["auc"]), f"[{_p4(m['auc_ci'][0])}, {_p4(m['auc_ci'][1])}]", _p4(m["balanced_accuracy"])]
-        for lv in LEVELS:
+        for lv in LEVELS:   # a TPR below 1/N non-members is written as text, never as a number
             lo, hi = m["tpr_at_fpr_ci"][lv]
-            expected += [_p4(m["tpr_at_fpr"][lv]), f"[{_p4(lo)}, {_p4(hi)}]"]
+            expected += ([_p4(m["tpr_at_fpr"][lv]), f"[{_p4(lo)}, {_p4(hi)}]"]
+                         if float(lv) * m["n_nonmembers"] >= 1 else [f"not resolvable with {m['n_nonmembers']} non-members"])
+        assert any(float(lv) * m["n_nonmembers"] < 1 for lv in LEVELS)   # the fixture has an unresolvable level
         for text in expected:
             assert text in row, (name, text)
             assert text in md_row, (name, text)
@@ -83,16 +85,20 @@ def test_attack_numbers_equal_attack_json(run: Path) -> None:
     rows = {r["name"]: r for r in read_json(paths.json)["attacks"]["rows"]}
     for name, entry in attack["attacks"].items():
         assert rows[name]["auc"] == entry["metrics"]["auc"]
-        assert rows[name]["tpr"] == entry["metrics"]["tpr_at_fpr"]
+        n_non = entry["metrics"]["n_nonmembers"]
+        assert rows[name]["tpr"] == {lv: v if float(lv) * n_non >= 1 else f"not resolvable with {n_non} non-members"
+                                     for lv, v in entry["metrics"]["tpr_at_fpr"].items()}
 
 
 def test_glance_shows_strongest_attack_and_claim(run: Path) -> None:
     paths = _write(run)
     html = paths.html.read_text()
     attack = read_json(run / "attack.json")["attacks"]
-    best = max(attack, key=lambda k: attack[k]["metrics"]["tpr_at_fpr"]["0.001"])
-    tpr = attack[best]["metrics"]["tpr_at_fpr"]["0.001"]
-    assert re.search(rf'data-field="strongest_tpr">{_p4(tpr)}<', html)
+    # 0.1 % FPR is not resolvable with the fixture's non-members: the glance reads the smallest level that is (1 %)
+    assert attack["loss"]["metrics"]["n_nonmembers"] < 1000 <= 100 * attack["loss"]["metrics"]["n_nonmembers"]
+    best = max(attack, key=lambda k: (attack[k]["metrics"]["tpr_at_fpr"]["0.01"], attack[k]["metrics"]["auc"]))
+    tpr = attack[best]["metrics"]["tpr_at_fpr"]["0.01"]
+    assert re.search(rf'data-field="strongest_tpr">{_p4(tpr)}<', html) and "TPR at 1% FPR" in html
     assert f"{best} [" in html
     eps = read_json(run / "epsilon.json")
     assert re.search(rf'data-field="best_epsilon_lb">{_e3(eps["verdict"]["best_epsilon_lb"])}<', html)
@@ -313,7 +319,8 @@ def test_reads_what_audit_attack_writes_without_bootstrap(tmp_path: Path) -> Non
     assert _p4(entry.metrics.auc) in _row(html, "data-attack", "loss")
     best = read_json(run / "report.json")["attacks"]["strongest"]
     assert best == "loss"
-    tpr = entry.metrics.tpr_at_fpr["0.001"]
+    level = "0.001" if entry.metrics.n_nonmembers >= 1000 else "0.01"   # the smallest resolvable glance level
+    tpr = entry.metrics.tpr_at_fpr[level]
     assert f'data-field="strongest_tpr">{_p4(tpr)}<' in html
 
 

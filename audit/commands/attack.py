@@ -17,6 +17,8 @@ def _print_table(result: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from attacks.resolution import format_tpr
+
     report = result.report
     setup = report.setup
     table = Table(title=f"{report.run}: {setup.n_members} members / {setup.pool_size} pool, "
@@ -27,9 +29,9 @@ def _print_table(result: Any) -> None:
         table.add_column(level, justify="right", no_wrap=True)
     for name, entry in report.attacks.items():
         m = entry.metrics
-        tpr = m.tpr_at_fpr
         table.add_row(name, f"{m.auc:.3f}{_fmt_ci(m.auc_ci)}",
-                      *(f"{100 * tpr[k]:.2f}%" for k in ("0.01", "0.001", "0.0001")))
+                      *(format_tpr(m.tpr_at_fpr.get(k), float(k), m.n_nonmembers, digits=2)
+                        for k in ("0.01", "0.001", "0.0001")))
     console = Console()
     console.print(table)
     console.print(f"wrote {result.run_dir / 'attack.json'} and {result.run_dir / 'scores.npz'}")

@@ -14,6 +14,8 @@ from audit.pipeline import STEPS, run_pipeline
 def _fmt(value, spec: str) -> str:
     if value is None:
         return "-"
+    if isinstance(value, str):  # a note in place of a number ("not resolvable with N non-members")
+        return value
     if isinstance(value, float) and value == float("inf"):
         return "inf"
     return format(value, spec)

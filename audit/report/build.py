@@ -14,6 +14,7 @@ import shlex
 from datetime import datetime, timezone
 from typing import Any
 
+from attacks.resolution import not_resolvable, resolvable
 from audit.report import fmt
 from audit.report.images import PoolImages, thumbnail_uri
 from audit.report.inputs import RunFiles
@@ -87,11 +88,22 @@ def strongest_attack(rows: list[AttackRow], level: str | None) -> AttackRow | No
 
     def key(row: AttackRow) -> tuple[float, float]:
         tpr = row.tpr.get(level) if level is not None else None
-        tpr = -1.0 if tpr is None or math.isnan(tpr) else tpr
+        tpr = -1.0 if tpr is None or isinstance(tpr, str) or math.isnan(tpr) else tpr
         auc = -1.0 if math.isnan(row.auc) else row.auc
         return (tpr, auc)
 
     return max(rows, key=key) if rows else None
+
+
+def glance_level(levels: list[str], rows: list[AttackRow]) -> str | None:
+    """The FPR level of the at-a-glance TPR: :data:`GLANCE_FPR` when every attack's non-members resolve it, else
+    the smallest level above it that they do (a TPR below ``1 / N`` non-members is not a TPR at that FPR)."""
+    def ok(lv: str) -> bool:
+        return all(r.n_nonmembers is None or resolvable(float(lv), r.n_nonmembers) for r in rows)
+
+    usable = sorted((lv for lv in levels if float(lv) >= GLANCE_FPR - 1e-15 and ok(lv)), key=float)
+    exact = [lv for lv in usable if math.isclose(float(lv), GLANCE_FPR)]
+    return (exact or usable or [None])[0]
 
 
 def _levels(run: RunFiles) -> list[str]:
@@ -117,11 +129,11 @@ def attacks_section(run: RunFiles, commands: dict[str, str], images: PoolImages 
         title, desc = ATTACK_INFO.get(name, (name, "A membership-inference attack (higher score = member)."))
         rows.append(AttackRow(
             name=name, title=title, description=desc, auc=m.auc, auc_ci=m.auc_ci,
-            tpr={lv: m.tpr_at_fpr.get(lv) for lv in levels},
-            tpr_ci={lv: m.tpr_at_fpr_ci.get(lv) for lv in levels},
+            tpr={lv: m.tpr_at_fpr.get(lv) if resolvable(float(lv), m.n_nonmembers) else not_resolvable(m.n_nonmembers)
+                 for lv in levels},
+            tpr_ci={lv: m.tpr_at_fpr_ci.get(lv) if resolvable(float(lv), m.n_nonmembers) else None for lv in levels},
             balanced_accuracy=m.balanced_accuracy, n_members=m.n_members, n_nonmembers=m.n_nonmembers))
-    glance_level = next((lv for lv in levels if math.isclose(float(lv), GLANCE_FPR)), None)
-    best = strongest_attack(rows, glance_level)
+    best = strongest_attack(rows, glance_level(levels, rows))
     per_class: list[ClassRow] = []
     vulnerable: list[Vulnerable] = []
     note = ""
@@ -307,9 +319,10 @@ def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) 
     claimed = run.manifest.privacy.claimed_epsilon
     status = eps.status if eps.ran else ("NO_CLAIM" if not math.isfinite(claimed) else "NOT_AUDITED")
     best = next((r for r in attacks.rows if r.name == attacks.strongest), None)
-    glance_level = next((lv for lv in attacks.levels if math.isclose(float(lv), GLANCE_FPR)), None)
-    tpr = best.tpr.get(glance_level) if (best and glance_level) else None
-    tpr_ci = best.tpr_ci.get(glance_level) if (best and glance_level) else None
+    level = glance_level(attacks.levels, attacks.rows)
+    glance_fpr = float(level) if level is not None else GLANCE_FPR
+    tpr = best.tpr.get(level) if (best and level) else None
+    tpr_ci = best.tpr_ci.get(level) if (best and level) else None
     alpha = eps.alpha
     conf = 1.0 - alpha if alpha is not None else None
     conf_s = f" with {fmt.num(100 * conf)}% confidence" if conf is not None else ""
@@ -333,11 +346,11 @@ def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) 
                    f"'{eps.command}' to estimate an ε lower bound.")
     if tpr is not None and best is not None:
         summary += (f" The strongest attack ({best.title}) recognises {fmt.pct(tpr)} of training images while "
-                    f"wrongly flagging only {fmt.fpr_label(GLANCE_FPR)} of other images.")
+                    f"wrongly flagging only {fmt.fpr_label(glance_fpr)} of other images.")
     return Glance(status=status, headline=_HEADLINES[status], summary=summary,
                   claimed_epsilon=claimed if math.isfinite(claimed) else None, best_epsilon_lb=lb,
                   best_method=eps.best_method, confidence=conf, strongest_attack=best.name if best else None,
-                  strongest_tpr=tpr, strongest_tpr_ci=tpr_ci, glance_fpr=GLANCE_FPR,
+                  strongest_tpr=tpr, strongest_tpr_ci=tpr_ci, glance_fpr=glance_fpr,
                   test_accuracy=run.test_accuracy)
 
 

@@ -13,7 +13,8 @@ sigma, q, C, alpha, ratio  :func:`num`        ``1.1``, ``0.004``
 counts                     :func:`count`      ``12,345``
 =========================  =================  ==============
 
-Missing values print as ``—`` and NaN as ``n/a``.
+Missing values print as ``—`` and NaN as ``n/a``; a text in place of a number (a TPR the ROC cannot resolve,
+:func:`attacks.resolution.not_resolvable`) prints as it is.
 
 >>> prob(0.123456), eps(float("inf")), sci(1e-5), num(0.00390625), count(12345), ci(0.1, 0.25)
 ('0.1235', '∞', '1.00e-05', '0.003906', '12,345', '[0.1000, 0.2500]')
@@ -30,9 +31,11 @@ MISSING = "—"
 
 
 def _guard(fn: Callable[[float], str]) -> Callable[[float | None], str]:
-    def wrapped(x: float | int | None) -> str:
+    def wrapped(x: float | int | str | None) -> str:
         if x is None:
             return MISSING
+        if isinstance(x, str):
+            return x
         x = float(x)
         if math.isnan(x):
             return "n/a"

@@ -53,7 +53,7 @@ class Glance:
     best_method: str | None
     confidence: float | None
     strongest_attack: str | None
-    strongest_tpr: float | None
+    strongest_tpr: float | str | None
     strongest_tpr_ci: tuple[float, float] | None
     glance_fpr: float
     test_accuracy: float | None
@@ -105,7 +105,7 @@ class AttackRow:
     description: str
     auc: float
     auc_ci: tuple[float, float] | None
-    tpr: dict[str, float | None]
+    tpr: dict[str, float | str | None]  # str: "not resolvable with N non-members" (attacks.resolution)
     tpr_ci: dict[str, tuple[float, float] | None]
     balanced_accuracy: float | None
     n_members: int | None
