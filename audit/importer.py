@@ -39,6 +39,8 @@ from training.run import IMPORT_FILE, METRICS_FILE, is_complete
 from training.run.imported import IMPORT_FORMAT, combine_import_sets, load_source
 from training.run.manifest import Manifest, MembershipInfo, PrivacyInfo, build_manifest, write_manifest
 from training.run.write import write_membership, write_weights
+from training.models.cifar_resnet import depth_mismatch
+from training.models.registry import canonical_arch
 from training.models.weights import load_state_strict, strip_prefix
 
 __all__ = ["parse_source", "ImportResult", "import_checkpoint"]
@@ -89,6 +91,9 @@ def _load_model(weights: Path, cfg: ModelConfig, *, num_classes: int, input_shap
                 ) -> tuple[torch.nn.Module, list[str]]:
     built = build_model(cfg, num_classes=num_classes, input_shape=input_shape, trust_code=True)  # the caller's arch
     state = strip_prefix(load_weights_file(weights), "net.")
+    wrong_depth = depth_mismatch(built.module.net, state, arch=cfg.arch)
+    if wrong_depth:
+        raise CheckpointError(f"{weights}: {wrong_depth}")
     hint = (f"; check --arch {cfg.arch}, --num-classes {num_classes}, --fix-batchnorm/--no-fix-batchnorm "
             f"and --cifar-stem/--no-cifar-stem")
     notes = load_state_strict(built.module.net, state, source=str(weights), head_prefix=None, hint=hint)
@@ -106,7 +111,8 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
 
     Args:
         weights: ``.safetensors`` or ``.pt``/``.pth``/``.th``/``.bin`` state dict (never unpickled).
-        arch: architecture registry/timm name (``resnet20_cifar``, ``small_cnn``, ...).
+        arch: architecture registry/timm name (``resnet20_cifar`` ... ``resnet110_cifar``, ``resnet_cifar`` with
+            ``depth``, ``small_cnn``, ...); a CIFAR ResNet is recorded under the name of its real depth.
         members, nonmembers: sources from :func:`parse_source` (members trained on, non-members not).
         out: the run directory to create.
         kwargs: extra architecture keyword arguments.
@@ -150,7 +156,8 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
     n_classes = int(num_classes) if num_classes is not None else len(pool.classes)
     if int(pool.y.max()) >= n_classes:
         raise DataError(f"the data has labels up to {int(pool.y.max())} but the model has {n_classes} classes")
-    mcfg = ModelConfig(arch=arch, kwargs=dict(kwargs or {}), cifar_stem=cifar_stem, fix_batchnorm=fix_batchnorm,
+    arch, kwargs = canonical_arch(arch, dict(kwargs or {}))  # the manifest names the network really built
+    mcfg = ModelConfig(arch=arch, kwargs=kwargs, cifar_stem=cifar_stem, fix_batchnorm=fix_batchnorm,
                        normalize_mean=None if normalize_mean is None else tuple(normalize_mean),
                        normalize_std=None if normalize_std is None else tuple(normalize_std))
     module, notes = _load_model(weights, mcfg, num_classes=n_classes, input_shape=pool.input_shape)

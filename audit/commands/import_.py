@@ -14,8 +14,11 @@ from training.errors import ConfigError
 @click.command(name="import")
 @click.option("--weights", required=True, type=click.Path(dir_okay=False),
               help="state dict: .safetensors or .pt/.pth/.th/.bin (read without unpickling)")
-@click.option("--arch", required=True, help="architecture: resnet20_cifar, small_cnn, mlp, a timm name, ...")
-@click.option("--kwargs", "kwargs_json", default=None, help="extra architecture kwargs as JSON, e.g. '{\"depth\": 20}'")
+@click.option("--arch", required=True, help="architecture: resnet20_cifar, resnet32_cifar, resnet44_cifar, "
+              "resnet56_cifar, resnet110_cifar (He et al. CIFAR ResNets), resnet_cifar (give its depth), small_cnn, "
+              "mlp, a timm name, ...")
+@click.option("--kwargs", "kwargs_json", default=None, help="extra architecture kwargs as JSON, e.g. "
+              "'{\"depth\": 110}' for resnet_cifar (any 6n + 2; the resnet<depth>_cifar names accept their own depth)")
 @click.option("--num-classes", type=click.IntRange(min=2), default=None, help="logits (default: the data's classes)")
 @click.option("--normalize-mean", nargs=3, type=float, default=None,
               help="input mean the checkpoint expects (3 floats)")

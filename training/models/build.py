@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from training.config import ModelConfig
-from training.errors import ConfigError, UntrustedCodeError
+from training.errors import CheckpointError, ConfigError, UntrustedCodeError
 from training.models.classifier import ImageClassifier, has_timm_protocol
 from training.models.opacus_compat import make_opacus_safe
 from training.models.dp_compat import (
@@ -49,6 +49,7 @@ from training.models.dp_compat import (
     frozen_parameters,
     replace_batchnorm,
 )
+from training.models.cifar_resnet import depth_mismatch
 from training.models.registry import MODELS
 from training.models.timm_models import create_timm_model, is_timm_model
 from training.models.vit_tokens import can_patch_vit_tokens, patch_vit_tokens
@@ -286,6 +287,9 @@ def build_model(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, i
         head_prefix = head_name or _protocol_head_name(net)
         hint = "; for ImageNet weights set model.cifar_stem=false" if cfg.cifar_stem else ""
         loaded = False
+        wrong_depth = None if state is None else depth_mismatch(net, state, arch=cfg.arch, flag="model.arch")
+        if wrong_depth:
+            raise CheckpointError(f"{cfg.pretrained}: {wrong_depth}")
         if state is not None and key_mismatch(net, state) == ([], []):
             notes += load_state_strict(net, state, source=str(cfg.pretrained), head_prefix=head_prefix, hint=hint)
             loaded = True

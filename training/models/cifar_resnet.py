@@ -30,7 +30,56 @@ from torch import nn
 
 from training.models.head import LinearHeadMixin
 
-__all__ = ["CifarResNet", "BasicBlock", "ShortcutA", "resnet20", "resnet32", "resnet56"]
+__all__ = ["CifarResNet", "BasicBlock", "ShortcutA", "CIFAR_RESNET_DEPTHS", "blocks_for_depth", "depth_in_state",
+           "depth_mismatch",
+           "resnet20", "resnet32", "resnet44", "resnet56", "resnet110"]
+
+#: the depths He et al. (2016) Table 6 reports on CIFAR-10; each is registered as ``resnet<depth>_cifar``
+CIFAR_RESNET_DEPTHS: tuple[int, ...] = (20, 32, 44, 56, 110)
+
+
+def blocks_for_depth(depth: int) -> int:
+    """Blocks per stage ``n`` of the CIFAR ResNet of ``depth = 6n + 2`` layers.
+
+    >>> blocks_for_depth(20), blocks_for_depth(110)
+    (3, 18)
+    >>> blocks_for_depth(21)
+    Traceback (most recent call last):
+    ...
+    ValueError: depth must be 6n + 2 for an integer n >= 1 (8, 14, 20, 26, 32, ...); got 21
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
+        raise ValueError(f"depth must be 6n + 2 for an integer n >= 1 (8, 14, 20, 26, 32, ...); got {depth!r}")
+    return (depth - 2) // 6
+
+
+def depth_in_state(state) -> int | None:
+    """The depth ``6n + 2`` of the CIFAR ResNet whose state dict this is (``n``: blocks in ``layer1``), or None
+    when the keys are not those of this network.
+
+    >>> depth_in_state(resnet32().state_dict()), depth_in_state({"fc.weight": None})
+    (32, None)
+    """
+    blocks = {int(k.split(".")[1]) for k in state if k.startswith("layer1.") and k.split(".")[1].isdigit()}
+    if not blocks or "conv1.weight" not in state:
+        return None
+    return 6 * (max(blocks) + 1) + 2
+
+
+def depth_mismatch(net: nn.Module, state, *, arch: str, flag: str = "--arch") -> str | None:
+    """Why ``state`` cannot load into ``net`` when both are CIFAR ResNets of different depths, naming the fix;
+    None when they agree (or either is not this network).
+
+    >>> print(depth_mismatch(resnet20(), resnet32().state_dict(), arch="resnet20_cifar"))
+    the weights hold a 32-layer CIFAR ResNet (5 blocks per stage, detected from the state dict's layer1.* keys) but --arch resnet20_cifar builds 20 layers: use --arch resnet32_cifar
+    """
+    found = depth_in_state(state)
+    if not isinstance(net, CifarResNet) or found is None or found == net.depth:
+        return None
+    fix = (f"{flag} resnet{found}_cifar" if found in CIFAR_RESNET_DEPTHS
+           else f"{flag} resnet_cifar with depth {found}")
+    return (f"the weights hold a {found}-layer CIFAR ResNet ({(found - 2) // 6} blocks per stage, detected from the "
+            f"state dict's layer1.* keys) but {flag} {arch} builds {net.depth} layers: use {fix}")
 
 
 class ShortcutA(nn.Module):
@@ -91,6 +140,7 @@ class CifarResNet(LinearHeadMixin, nn.Module):
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         w1, w2, w3 = (int(w) for w in widths)
+        self.depth = 6 * blocks_per_stage + 2
         self.num_classes = num_classes
         self.num_features = w3
         self.conv1 = nn.Conv2d(in_chans, w1, 3, stride=1, padding=1, bias=False)
@@ -131,6 +181,16 @@ def resnet32(num_classes: int = 10, **kwargs) -> CifarResNet:
     return CifarResNet(5, num_classes=num_classes, **kwargs)
 
 
+def resnet44(num_classes: int = 10, **kwargs) -> CifarResNet:
+    """ResNet-44 (n = 7)."""
+    return CifarResNet(7, num_classes=num_classes, **kwargs)
+
+
 def resnet56(num_classes: int = 10, **kwargs) -> CifarResNet:
     """ResNet-56 (n = 9)."""
     return CifarResNet(9, num_classes=num_classes, **kwargs)
+
+
+def resnet110(num_classes: int = 10, **kwargs) -> CifarResNet:
+    """ResNet-110 (n = 18)."""
+    return CifarResNet(18, num_classes=num_classes, **kwargs)

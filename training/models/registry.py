@@ -6,7 +6,7 @@ with timm's classifier protocol (``forward_features``, ``forward_head(x, pre_log
 ``package.module:factory`` import path work as well (see :func:`training.models.build.build_model`).
 
 >>> sorted(MODELS.names())
-['mlp', 'resnet20_cifar', 'small_cnn']
+['mlp', 'resnet110_cifar', 'resnet20_cifar', 'resnet32_cifar', 'resnet44_cifar', 'resnet56_cifar', 'resnet_cifar', 'small_cnn']
 >>> MODELS.register("mlp", lambda **kw: None)
 Traceback (most recent call last):
 ...
@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import nn
 
-from training.models.cifar_resnet import CifarResNet
+from training.models.cifar_resnet import CIFAR_RESNET_DEPTHS, CifarResNet, blocks_for_depth
 from training.models.small import MLP, SmallCNN
 
-__all__ = ["ModelRegistry", "MODELS", "register_model", "ModelFactory"]
+__all__ = ["ModelRegistry", "MODELS", "register_model", "ModelFactory", "canonical_arch"]
 
 ModelFactory = Callable[..., nn.Module]
 
@@ -99,8 +99,57 @@ def _mlp(*, num_classes: int, input_shape: tuple[int, int, int], hidden: Any = (
     return MLP(num_classes=num_classes, input_shape=input_shape, hidden=tuple(hidden), act=act)
 
 
-@register_model("resnet20_cifar")
-def _resnet20_cifar(*, num_classes: int, input_shape: tuple[int, int, int],
-                    widths: Any = (16, 32, 64), blocks_per_stage: int = 3) -> nn.Module:
-    """He et al. (2016) §4.2 CIFAR ResNet-20 with option-A shortcuts (BatchNorm; DP fix applied by the builder)."""
-    return CifarResNet(blocks_per_stage, num_classes=num_classes, widths=tuple(widths), in_chans=input_shape[0])
+def _cifar_resnet_factory(name_depth: int | None) -> ModelFactory:
+    name = "resnet_cifar" if name_depth is None else f"resnet{name_depth}_cifar"
+
+    def factory(*, num_classes: int, input_shape: tuple[int, int, int], widths: Any = (16, 32, 64),
+                depth: int | None = None, blocks_per_stage: int | None = None) -> nn.Module:
+        if depth is None and blocks_per_stage is None:
+            depth = name_depth          # the name's depth; blocks_per_stage alone overrides it (older configs)
+        if depth is None and blocks_per_stage is None:
+            raise ValueError(f"{name} needs its depth: kwargs {{\"depth\": 6n + 2}}, e.g. {{\"depth\": 110}}, or use "
+                             f"{', '.join(f'resnet{d}_cifar' for d in CIFAR_RESNET_DEPTHS)}")
+        if depth is not None and name_depth is not None and depth != name_depth:
+            raise ValueError(f"{name} is the {name_depth}-layer network but depth={depth} was given: use "
+                             f"arch resnet{depth}_cifar (or resnet_cifar with depth {depth})")
+        n = blocks_for_depth(depth) if depth is not None else int(blocks_per_stage)
+        if depth is not None and blocks_per_stage is not None and blocks_per_stage != n:
+            raise ValueError(f"depth={depth} means blocks_per_stage={n}, but blocks_per_stage={blocks_per_stage} "
+                             f"was given: give one of them")
+        return CifarResNet(n, num_classes=num_classes, widths=tuple(widths), in_chans=input_shape[0])
+
+    factory.__name__ = f"_{name}"
+    factory.__doc__ = (f"He et al. (2016) §4.2 CIFAR ResNet{'' if name_depth is None else f'-{name_depth}'} with "
+                       f"option-A shortcuts (BatchNorm; DP fix applied by the builder); ``depth = 6n + 2``.")
+    return factory
+
+
+for _depth in CIFAR_RESNET_DEPTHS:
+    MODELS.register(f"resnet{_depth}_cifar", _cifar_resnet_factory(_depth))
+MODELS.register("resnet_cifar", _cifar_resnet_factory(None))
+
+
+def canonical_arch(arch: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The name that says which network ``arch`` with ``kwargs`` builds (for manifests).
+
+    A CIFAR ResNet given by ``depth`` or ``blocks_per_stage`` is named by its real depth: ``resnet56_cifar``
+    (kwargs without depth / blocks_per_stage) for a depth He et al. report, else ``resnet_cifar`` with ``depth``.
+    Anything else is returned unchanged.
+
+    >>> canonical_arch("resnet20_cifar", {"blocks_per_stage": 9})
+    ('resnet56_cifar', {})
+    >>> canonical_arch("resnet_cifar", {"depth": 8, "widths": [8, 16, 32]})
+    ('resnet_cifar', {'widths': [8, 16, 32], 'depth': 8})
+    """
+    if arch not in MODELS or not (arch == "resnet_cifar" or (arch.startswith("resnet") and arch.endswith("_cifar"))):
+        return arch, dict(kwargs)
+    rest = {k: v for k, v in kwargs.items() if k not in ("depth", "blocks_per_stage")}
+    if "depth" in kwargs:
+        depth = int(kwargs["depth"])
+    elif "blocks_per_stage" in kwargs:
+        depth = 6 * int(kwargs["blocks_per_stage"]) + 2
+    else:
+        return arch, dict(kwargs)
+    if depth in CIFAR_RESNET_DEPTHS:
+        return f"resnet{depth}_cifar", rest
+    return "resnet_cifar", {**rest, "depth": depth}
