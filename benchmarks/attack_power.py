@@ -14,14 +14,20 @@ The LiRA paper's 16-model demo figures (WRN-28-2 on CIFAR-10, online LiRA with f
 TPR 5.9% at 0.1% FPR) are shown beside the numbers for scale; the settings here are much smaller, so the
 numbers are not comparable one to one.
 
+With ``--privacy-meter PATH`` (Privacy Meter's ``modules/mia/attacks/rmia.py`` at a pinned commit, see
+``_privacy_meter.py``) a peer section compares our offline RMIA with Privacy Meter's on the ``mlp`` models.
+``--reuse-runs`` re-uses the run directories (target and reference models) of an earlier invocation.
+
 Example (the command that made results/reference/attack_power.md)::
 
-    .venv/bin/python benchmarks/attack_power.py --out results/reference/attack_power.md
+    .venv/bin/python benchmarks/attack_power.py --privacy-meter pm/modules/mia/attacks/rmia.py \
+        --out results/reference/attack_power.md
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
@@ -29,12 +35,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from attacks.runner import run_attack
 from attacks.config import AttackConfig
 from attacks.registry import attack_names
+from attacks.resolution import format_tpr
 from training.config import TrainConfig
+from training.run import open_run
 from _common import remake_section, run_script
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -70,15 +79,32 @@ def run_one(args: argparse.Namespace, preset: str) -> str:
         "training": {"steps": steps, "batch_size": args.batch_size, "physical_batch_size": 512,
                      "seed": args.seed, "progress": False, "log_every": 50, "checkpoint_every": 10_000}})
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
-    target = train(cfg, progress=False, overwrite=True)
+    reuse = args.reuse_runs and (run_dir / "manifest.json").is_file()
+    target = _Reused(open_run(run_dir)) if reuse else train(cfg, progress=False, overwrite=True)
     t_train, cpu_train = time.perf_counter() - t0, _cpu_seconds() - cpu0
     config = AttackConfig(n_reference=args.n_reference, attacks=attack_names(), flip=True, shifts=0,
-                          population=args.population, evaluation="both", n_bootstrap=args.n_bootstrap,
+                          population=args.population if args.population == "all" else int(args.population), evaluation="both", n_bootstrap=args.n_bootstrap,
                           seed=args.seed, executor=args.executor, device="cpu")
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
-    result = run_attack(run_dir=target.run_dir, config=config, retrain_shadows=True, progress=True)
+    result = run_attack(run_dir=target.run_dir, config=config, retrain_shadows=not reuse, progress=True)
     t_attack, cpu_attack = time.perf_counter() - t0, _cpu_seconds() - cpu0
-    return render(args, preset, cfg, target, result.report.model_dump(), (t_train, cpu_train), (t_attack, cpu_attack))
+    with np.load(target.run_dir / "signals.npz", allow_pickle=False) as z:
+        n_loo_non = int((~z["keep"]).sum(axis=1).min())   # the fewest non-members of a leave-one-out round
+    text = render(args, preset, cfg, target, result.report.model_dump(), (t_train, cpu_train), (t_attack, cpu_attack),
+                  n_loo_non)
+    if args.privacy_meter is not None and preset == "mlp":
+        from _privacy_meter import compare, load_privacy_meter, render as render_peer
+
+        text += "\n" + render_peer(compare(target.run_dir, load_privacy_meter(args.privacy_meter)), args.privacy_meter)
+    return text
+
+
+class _Reused:
+    """A run re-used with ``--reuse-runs``: what :func:`render` reads of a freshly trained one."""
+
+    def __init__(self, run) -> None:
+        self.run_dir, self.manifest = run.run_dir, run.manifest
+        self.metrics = json.loads(run.metrics_path.read_text())
 
 
 def run(args: argparse.Namespace) -> str:
@@ -112,7 +138,7 @@ def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
 
-def render(args, preset, cfg, target, report, train_time, attack_time) -> str:
+def render(args, preset, cfg, target, report, train_time, attack_time, n_loo_non) -> str:
     setup = report["setup"]
     side = args.image_size or 32
     n_non = setup["pool_size"] - setup["n_members"]
@@ -126,7 +152,7 @@ def render(args, preset, cfg, target, report, train_time, attack_time) -> str:
         f"{cfg.training.batch_size}, no data augmentation. Data: a pool of {setup['pool_size']:,} images "
         f"({side}x{side} pixels); the target's members: {setup['n_members']:,}, non-members: {n_non:,}; each "
         f"reference model trains on a balanced half (every image IN for exactly {setup['n_reference'] // 2} of "
-        f"{setup['n_reference']}). Population samples z: {setup['n_population']} test images. Queries: "
+        f"{setup['n_reference']}). Population samples z: {setup['n_population']:,} test images. Queries: "
         f"{', '.join(setup['augmentations'])}. Target accuracy: train {_pct(acc['train_accuracy'])}, test "
         f"{_pct(acc['test_accuracy'])}.",
         "",
@@ -139,18 +165,25 @@ def render(args, preset, cfg, target, report, train_time, attack_time) -> str:
         m, loo = entry["metrics"], entry["leave_one_out"]
         ci, tci = m["auc_ci"], m["tpr_at_fpr_ci"]["0.001"]
         demo = LIRA_DEMO.get(name)
+        loo_tpr = format_tpr(loo["tpr_at_fpr_mean"]["0.001"], 0.001, n_loo_non)
+        if loo_tpr.endswith("%"):
+            loo_tpr += f" +- {_pct(loo['tpr_at_fpr_std']['0.001'])}"
         lines.append(
-            f"| {name} | {m['auc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | {_pct(m['tpr_at_fpr']['0.001'])} "
-            f"[{_pct(tci[0])}, {_pct(tci[1])}] | {_pct(m['tpr_at_fpr']['0.01'])} | "
-            f"{loo['auc_mean']:.3f} +- {loo['auc_std']:.3f} | {_pct(loo['tpr_at_fpr_mean']['0.001'])} +- "
-            f"{_pct(loo['tpr_at_fpr_std']['0.001'])} | "
+            f"| {name} | {m['auc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | "
+            f"{format_tpr(m['tpr_at_fpr']['0.001'], 0.001, m['n_nonmembers'], interval=tci)} | "
+            f"{format_tpr(m['tpr_at_fpr']['0.01'], 0.01, m['n_nonmembers'])} | "
+            f"{loo['auc_mean']:.3f} +- {loo['auc_std']:.3f} | {loo_tpr} | "
             f"{f'{demo[0]:.3f} / {_pct(demo[1])}' if demo else ''} |")
     lines += [
         "",
         f"Target columns: 95% stratified-bootstrap percentile intervals ({args.n_bootstrap} resamples); with "
-        f"{n_non:,} non-members, TPR at 0.1% FPR allows {int(0.001 * n_non + 1e-9)} false positive(s). "
-        f"Leave-one-out columns: mean +- std over the {setup['n_reference']} rounds. RMIA: gamma 1, offline "
-        f"a = 0.3. Every score is \"higher = member\".",
+        f"{n_non:,} non-members, TPR at 0.1% FPR allows {int(0.001 * n_non + 1e-9)} false positive(s) (a TPR at an "
+        f"FPR below 1/{n_non:,} is written as not resolvable). Leave-one-out columns: mean +- std over the "
+        f"{setup['n_reference']} rounds (at least {n_loo_non:,} non-members each). RMIA: gamma 1, ties broken by the "
+        f"likelihood ratio, offline a chosen on the reference models: "
+        f"{report['attacks'].get('rmia_offline', {}).get('info', {}).get('a', 'n/a')} for the target. LiRA centre: "
+        f"the median (the LiRA paper's code). Population: {setup.get('population_rule')}. Every score is "
+        f"\"higher = member\".",
         "",
         f"Cost: target training {train_time[0]:.0f} s wall / {train_time[1]:.0f} s CPU; attack (16 reference "
         f"models, executor `{setup['executor']}`, {setup['shadow_train_seconds']:.0f} s; then signals and all "
@@ -168,10 +201,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", nargs="+", default=["small_cnn", "mlp"], choices=list(PRESETS))
     p.add_argument("--run-prefix", type=Path, default=Path("results/attack-power"),
                    help="run directories are <prefix>-<model>")
-    p.add_argument("--pool-size", type=int, default=2000)
-    p.add_argument("--test-size", type=int, default=1000)
+    p.add_argument("--pool-size", type=int, default=2400,
+                   help="pool images (2,400: every leave-one-out round has > 1,000 non-members, so 0.1%% FPR resolves)")
+    p.add_argument("--test-size", type=int, default=None, help="cap on test images (default: all 10,000)")
     p.add_argument("--image-size", type=int, default=16, help="resize images (None/0: native 32x32)")
-    p.add_argument("--population", type=int, default=500)
+    p.add_argument("--population", default="all", help="population samples z: 'all' (default) or a number")
+    p.add_argument("--privacy-meter", type=Path, default=None,
+                   help="Privacy Meter's modules/mia/attacks/rmia.py at the pinned commit: adds the peer section")
+    p.add_argument("--reuse-runs", action="store_true", help="re-use the run directories of an earlier invocation")
     p.add_argument("--steps", type=int, default=None, help="override the preset's steps")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=None, help="override the preset's Adam learning rate")

@@ -5,7 +5,9 @@ CIFAR-10 train split) is imported with ``audit import``: members are ``cifar10_e
 5,438 training images), non-members ``cifar10_exact/test`` (1,017 test images), of which ``--population``
 are held out as the population samples Attack-P ranks against. Then ``audit attack`` runs LOSS and Attack-P
 (no reference models: there is no training recipe) and this script writes a Markdown table with AUC and
-TPR at 1% FPR and their stratified-bootstrap 95% intervals.
+TPR at 1% FPR and their stratified-bootstrap 95% intervals. A second table shows the population / non-member
+trade-off: LOSS on the same checkpoint with every non-member kept in the pool (``--population 0``), with and
+without the flip query.
 
 Example (the command that made results/reference/external_resnet20.md)::
 
@@ -25,6 +27,7 @@ import torch
 
 from attacks.runner import run_attack
 from attacks.config import AttackConfig
+from attacks.resolution import format_tpr
 from audit.importer import import_checkpoint, parse_source
 from _common import remake_section, run_script
 
@@ -50,7 +53,41 @@ def run(args: argparse.Namespace) -> str:
     t0 = time.perf_counter()
     result = run_attack(run_dir=args.run, config=config, progress=False)
     t_attack = time.perf_counter() - t0
-    return render(args, imported, result.report.model_dump(), t_import, t_attack)
+    main_text = render(args, imported, result.report.model_dump(), t_import, t_attack)
+    head, remake = main_text.split("## Re-make", 1)
+    return head + tradeoff(args, weights, root) + "\n## Re-make" + remake
+
+
+def tradeoff(args: argparse.Namespace, weights: Path, root: str) -> str:
+    """LOSS with ``--population {P, 0}`` and with/without the flip: what holding out a population costs."""
+    rows = []
+    for population, flip in ((args.population, True), (0, True), (0, False)):
+        run = args.run.parent / f"{args.run.name}-population{population}"
+        import_checkpoint(
+            weights=weights, arch="resnet20_cifar", normalize_mean=MEAN, normalize_std=STD, fix_batchnorm=False,
+            members=parse_source("cifar10:train", root=root), nonmembers=parse_source("cifar10:test", root=root),
+            population=population, seed=args.seed, out=run, overwrite=True, device="cpu",
+            command="benchmarks/external_resnet20.py")
+        config = AttackConfig(attacks=("loss",), n_reference=0, flip=flip, shifts=0, population=population,
+                              n_bootstrap=args.n_bootstrap, seed=args.seed, device="cpu")
+        m = run_attack(run_dir=run, config=config, progress=False).report.attacks["loss"].metrics
+        rows.append(f"| {population} | {m.n_nonmembers:,} | {'identity, hflip' if flip else 'identity'} | "
+                    f"{m.auc:.3f} {_ci(list(m.auc_ci))} | "
+                    f"{format_tpr(m.tpr_at_fpr['0.01'], 0.01, m.n_nonmembers, digits=2, interval=m.tpr_at_fpr_ci['0.01'])} | "
+                    f"{format_tpr(m.tpr_at_fpr['0.001'], 0.001, m.n_nonmembers, digits=2)} |")
+    return "\n".join([
+        "## The population / non-member trade-off (LOSS)",
+        "",
+        "The 1,017 non-members are either negatives in the pool or population samples; LOSS needs no population.",
+        "",
+        "| --population | non-members in the pool | queries | AUC [95% CI] | TPR @ 1% FPR [95% CI] | TPR @ 0.1% FPR |",
+        "|---:|---:|---|---:|---:|---:|",
+        *rows,
+        "",
+        f"Holding out {args.population} non-members leaves {1017 - args.population} negatives: wider intervals and "
+        f"no TPR below 1/{1017 - args.population} FPR. Averaging over the flip changes the score itself.",
+        "",
+    ])
 
 
 def _ci(v: list[float] | None, scale: float = 1.0, digits: int = 3) -> str:
@@ -82,14 +119,15 @@ def render(args, imported, report, t_import: float, t_attack: float) -> str:
         mm = entry["metrics"]
         t = mm["tpr_at_fpr"]
         lines.append(f"| {name} | {mm['auc']:.3f} | {_ci(mm['auc_ci'])} | {100 * t['0.01']:.2f}% | "
-                     f"{_ci(mm['tpr_at_fpr_ci'].get('0.01'), 100, 2)} % | {100 * t['0.001']:.2f}% | "
+                     f"{_ci(mm['tpr_at_fpr_ci'].get('0.01'), 100, 2)} % | "
+                     f"{format_tpr(t['0.001'], 0.001, mm['n_nonmembers'], digits=2)} | "
                      f"{mm['balanced_accuracy']:.3f} |")
     n_non = setup["pool_size"] - setup["n_members"]
     lines += [
         "",
         f"Intervals: stratified percentile bootstrap, {args.n_bootstrap} resamples, 95%. With {n_non} "
-        f"non-members the smallest non-zero FPR is 1/{n_non} = {1 / n_non:.4f}, so TPR at 0.1% FPR is the TPR at "
-        "zero false positives. Every score is \"higher = member\"; LOSS ranks by the mean cross-entropy over "
+        f"non-members the smallest non-zero FPR is 1/{n_non} = {1 / n_non:.4f}: TPR at 0.1% FPR is not resolvable "
+        "(it would be the TPR at zero false positives). Every score is \"higher = member\"; LOSS ranks by the mean cross-entropy over "
         "the queries (Yeom et al. 2018), Attack-P by the fraction of population losses above the example's "
         "(Ye et al. 2022): a non-increasing step function of the same loss, so on one target the two differ "
         "only through the ties Attack-P creates between consecutive population losses.",

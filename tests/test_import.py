@@ -132,5 +132,6 @@ def test_cli_import_then_attack(weights: Path, tmp_path: Path) -> None:
     attack = runner.invoke(main, ["attack", str(out), "--set", "attack.n_bootstrap=10", "--no-progress"])
     assert attack.exit_code == 0, attack.output
     assert "only loss, attack_p" in attack.output and "attack_p" in attack.output
+    assert "not resolvable with 30 non-members" in attack.output        # 0.1 % and 0.01 % FPR, 30 non-members
     lira = runner.invoke(main, ["attack", str(out), "--set", "attack.attacks=[lira_online]", "--no-progress"])
     assert lira.exit_code == 2 and lira.output.startswith("error:") and "config.yaml" in lira.output

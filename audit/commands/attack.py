@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -26,13 +27,13 @@ def _print_table(result: Any) -> None:
     table.add_column("attack", min_width=22, no_wrap=True)
     table.add_column("AUC [95% CI]", justify="right", no_wrap=True)
     for level in ("TPR@1%", "@0.1%", "@0.01%"):
-        table.add_column(level, justify="right", no_wrap=True)
+        table.add_column(level, justify="right")   # wraps "not resolvable with N non-members" in a narrow terminal
     for name, entry in report.attacks.items():
         m = entry.metrics
         table.add_row(name, f"{m.auc:.3f}{_fmt_ci(m.auc_ci)}",
                       *(format_tpr(m.tpr_at_fpr.get(k), float(k), m.n_nonmembers, digits=2)
                         for k in ("0.01", "0.001", "0.0001")))
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)
     console.print(f"wrote {result.run_dir / 'attack.json'} and {result.run_dir / 'scores.npz'}")
 
