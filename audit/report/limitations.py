@@ -96,8 +96,9 @@ def _attacks(run: RunFiles, report: Report) -> list[str]:
             unresolved.append(fmt.fpr_label(float(lv)))
     if unresolved:
         n = min(r.n_nonmembers for r in a.rows if r.n_nonmembers)
-        out.append(f"With {n:,} non-members, TPR at FPR {', '.join(unresolved)} rests on less than one false "
-                   f"positive: those columns are not resolved and their intervals are wide.")
+        out.append(f"With {n:,} non-members, TPR at FPR {', '.join(unresolved)} would rest on less than one false "
+                   f"positive: those columns read \"not resolvable with {n:,} non-members\"; audit at least "
+                   f"{math.ceil(1 / min(float(lv) for lv in a.levels)):,} non-members to resolve them all.")
     if run.attack is not None and run.attack.setup.evaluation == "target":
         out.append("Attack metrics come from one target model; their confidence intervals cover the choice of "
                    "examples, not the randomness of training.")
