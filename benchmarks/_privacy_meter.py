@@ -129,7 +129,8 @@ def render(result: dict[str, object], pm_path: Path) -> str:
         "## Peer: offline RMIA against ML Privacy Meter on the same models (mlp)",
         "",
         f"Privacy Meter's own `{PINNED_FILE}` at commit `{PINNED_COMMIT[:7]}` (sha256 `{PINNED_SHA256[:12]}...`), "
-        f"loaded from `{pm_path}` outside this package. Same signals for both: the true-label probability of the "
+        f"loaded from `{pm_path}` outside this package (e.g. `git -C <clone> show {PINNED_COMMIT[:7]}:{PINNED_FILE}` "
+        f"into that path; results/ is not committed). Same signals for both: the true-label probability of the "
         f"identity query from `signals.npz`; {result['n_models']} models (the target and {result['n_rounds']} "
         f"references), "
         f"{result['n_pool']:,} pool images, {result['n_population']:,} population images z (every test image the "
