@@ -3,6 +3,7 @@ a renamed or missing key, another format or an old layout is refused with one li
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -141,3 +142,18 @@ def test_a_wrong_type_is_refused_not_coerced(tmp_path: Path) -> None:
     update_json(run, "attack.json", lambda d: d["setup"].__setitem__("n_reference", "8"))
     with pytest.raises(CheckpointError, match=r"'setup.n_reference': Input should be a valid integer"):
         read_attack_file(run)
+
+
+def test_attack_json_before_tuned_a_and_population_rule_still_reads(tmp_path: Path) -> None:
+    data = _attack_file(np.random.default_rng(2))
+    path = write_attack_file(tmp_path, data)
+    old = read_json(path)
+    assert "info" not in old["attacks"]["loss"]              # absent when an attack reports nothing
+    del old["setup"]["population_rule"]                        # what files made before this field hold
+    path.write_text(json.dumps(old))
+    back = read_attack_file(tmp_path)
+    assert back.setup.population_rule is None and back.attacks["loss"].info is None
+    rmia = data.attacks["loss"].model_copy(update={"params": {"attack": "rmia_offline", "a": "auto"},
+                                                   "info": {"a": 0.6, "a_tuning": {"chosen_on": "reference model 1"}}})
+    write_attack_file(tmp_path, data.model_copy(update={"attacks": {"rmia_offline": rmia}}))
+    assert read_attack_file(tmp_path).attacks["rmia_offline"].info["a"] == 0.6
