@@ -45,7 +45,7 @@ AUDITOR_CANARY_LIMITS = (
     "on the package as its manifest says: a vendor who drops or down-weights the (identifiable) package canaries "
     "makes the model look private whatever it did to its own data.")
 REFERENCE_DIR = "canary_references"
-LIRA = LiraOnline(fix_variance=True)
+LIRA = LiraOnline(fix_variance=True, location="mean")  # the same centre as mixture_loglik's fit_gaussians
 
 
 def check_run_against_secret(run: VerifiedRun, secret: CanarySecret) -> tuple[int, int]:
