@@ -30,8 +30,11 @@ __all__ = ["MISSING", "prob", "pct", "eps", "sci", "num", "count", "ci", "fpr_la
 MISSING = "—"
 
 
-def _guard(fn: Callable[[float], str]) -> Callable[[float | None], str]:
-    def wrapped(x: float | int | str | None) -> str:
+def _number(spec: str, doc: str, *, scale: float = 1.0, suffix: str = "") -> Callable[[float | int | str | None], str]:
+    """A formatter ``f"{scale * x:{spec}}{suffix}"`` for finite numbers; ``None`` -> ``—``, NaN -> ``n/a``,
+    ±inf -> ``±∞``, and a string (an already formatted value) is returned as it is."""
+
+    def fmt(x: float | int | str | None) -> str:
         if x is None:
             return MISSING
         if isinstance(x, str):
@@ -41,41 +44,18 @@ def _guard(fn: Callable[[float], str]) -> Callable[[float | None], str]:
             return "n/a"
         if math.isinf(x):
             return "∞" if x > 0 else "−∞"
-        return fn(x)
+        return f"{scale * x:{spec}}{suffix}"
 
-    wrapped.__name__ = fn.__name__
-    wrapped.__doc__ = fn.__doc__
-    return wrapped
-
-
-@_guard
-def prob(x: float) -> str:
-    """A probability-like quantity (AUC, TPR, accuracy) with 4 decimals."""
-    return f"{x:.4f}"
+    fmt.__doc__ = doc
+    return fmt
 
 
-@_guard
-def pct(x: float) -> str:
-    """A probability as a percentage with 2 decimals (used only in prose, next to :func:`prob`)."""
-    return f"{100.0 * x:.2f}%"
-
-
-@_guard
-def eps(x: float) -> str:
-    """An epsilon (claimed, lower bound or ceiling) with 3 decimals."""
-    return f"{x:.3f}"
-
-
-@_guard
-def sci(x: float) -> str:
-    """A small probability such as delta in scientific notation with 3 significant digits."""
-    return f"{x:.2e}"
-
-
-@_guard
-def num(x: float) -> str:
-    """A parameter (sigma, q, C, alpha, a ratio) with 4 significant digits."""
-    return f"{x:.4g}"
+prob = _number(".4f", "A probability-like quantity (AUC, TPR, accuracy) with 4 decimals.")
+pct = _number(".2f", "A probability as a percentage with 2 decimals (used only in prose, next to :func:`prob`).",
+              scale=100.0, suffix="%")
+eps = _number(".3f", "An epsilon (claimed, lower bound or ceiling) with 3 decimals.")
+sci = _number(".2e", "A small probability such as delta in scientific notation with 3 significant digits.")
+num = _number(".4g", "A parameter (sigma, q, C, alpha, a ratio) with 4 significant digits.")
 
 
 def count(x: int | float | None) -> str:
