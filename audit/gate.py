@@ -156,3 +156,8 @@ def evaluate_gate(*, baseline: str | os.PathLike[str] | RunFiles, candidate: str
     return GateResult(passed=all(r.passed for r in results), rules=results, baseline=str(runs[0].run_dir),
                       candidate=str(runs[1].run_dir), policy=pol_name, notes=notes)
 
+
+
+from audit._callable import make_callable as _make_callable  # noqa: E402
+
+_make_callable(__name__, "gate")  # audit.gate(baseline, candidate, policy=...) is audit.api.gate

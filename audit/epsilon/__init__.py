@@ -73,3 +73,8 @@ __all__ = [
     "VerdictStatus",
     "verdict",
 ]
+
+
+from audit._callable import make_callable as _make_callable  # noqa: E402
+
+_make_callable(__name__, "epsilon")  # audit.epsilon(run) is audit.api.epsilon

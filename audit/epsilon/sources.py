@@ -248,10 +248,32 @@ def input_canary_evidence(*, run: VerifiedRun, attack: str) -> Evidence | Skippe
                                 included=included, black_box=True,
                                 provenance={"scores": f"{SCORES_FILE}:score_{attack}", "attack": attack,
                                             "scores_sha256": sha, "kind": kind, "first_index": span[0]})
+    if (manifest.data.canaries or {}).get("file") and not run.has_recipe:
+        return _recorded_canary_evidence(run, included, kind, span[0])
     return Evidence(source="input_canaries", scores=_scaled_logits(run, idx), included=included,
                     black_box=True,
                     provenance={"scores": "scaled logit of the target model (LOSS ranking), un-augmented query",
                                 "attack": "loss", "kind": kind, "first_index": span[0]})
+
+
+def _recorded_canary_evidence(run: VerifiedRun, included: np.ndarray, kind: str, first: int) -> Evidence:
+    """Input canaries of a run trained by the user's own script (``audit.OpacusAuditor``): the canary file the
+    manifest names (sha256-checked) holds their inputs, inclusion and the scaled logit φ of the final model, scored
+    in the training process because the user's model class is not rebuilt by auditors."""
+    rec = run.manifest.data.canaries or {}
+    path = _recorded_file(run.run_dir, rec, "file", "sha256", what="input-canary")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            phi, inc = npz["phi"].astype(np.float64), npz["included"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{path} is not a readable input-canary record ({exc}); re-run the training") from None
+    if phi.shape != included.shape or not np.array_equal(inc, included):
+        raise CheckpointError(f"{path} does not match the run's membership file (canary inclusion differs)")
+    return Evidence(source="input_canaries", scores=finite_scores(phi, what=str(path)), included=included,
+                    black_box=True,
+                    provenance={"scores": f"{path.name}:phi, scaled logit recorded by the training process "
+                                          "(audit.OpacusAuditor; the model class is the user's)",
+                                "attack": "loss", "kind": kind, "first_index": first, "scores_sha256": rec["sha256"]})
 
 
 def _scaled_logits(run: VerifiedRun, idx: np.ndarray) -> np.ndarray:
@@ -317,15 +339,18 @@ def gradient_canary_evidence(*, run: VerifiedRun) -> Evidence | Skipped:
                                 "update_norm": float(np.linalg.norm(delta))})
 
 
-def _recorded_file(run_dir: Path, rec: Mapping[str, Any], name_key: str, sha_key: str) -> Path:
-    """A file named in the manifest's gradient-canary record, after checking its sha256."""
+def _recorded_file(run_dir: Path, rec: Mapping[str, Any], name_key: str, sha_key: str,
+                   what: str = "gradient-canary") -> Path:
+    """A file named in the manifest's gradient-canary (or input-canary) record, after checking its sha256."""
     try:
         path, expected = run_dir / str(rec[name_key]), str(rec[sha_key])
     except KeyError as exc:
-        raise CheckpointError(f"manifest training.gradient_canaries lacks '{exc.args[0]}'; re-train the run") from None
+        raise CheckpointError(f"manifest's {what} record lacks '{exc.args[0]}'; re-train the run") from None
+    if Path(str(rec[name_key])).name != str(rec[name_key]):
+        raise CheckpointError(f"manifest's {what} record names {rec[name_key]!r}, not a file inside the run directory")
     if not path.is_file():
-        raise CheckpointError(f"{path} named in the manifest's gradient-canary record is missing")
+        raise CheckpointError(f"{path} named in the manifest's {what} record is missing")
     if sha256_file(path) != expected:
-        raise CheckpointError(f"{path} does not match the sha256 in the manifest's gradient-canary record: it was "
+        raise CheckpointError(f"{path} does not match the sha256 in the manifest's {what} record: it was "
                               "modified or belongs to another run")
     return path

@@ -90,3 +90,8 @@ def write_report(*, run_dir: str | os.PathLike[str] | VerifiedRun, out_dir: str 
     json_path = write_json(out / "report.json", render_json(report))
     pdf_path = print_pdf(html_path=html_path, pdf_path=out / "report.pdf") if pdf else None
     return ReportPaths(html=html_path, markdown=md_path, json=json_path, pdf=pdf_path, report=report)
+
+
+from audit._callable import make_callable as _make_callable  # noqa: E402
+
+_make_callable(__name__, "report")  # audit.report(run) is audit.api.report

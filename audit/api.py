@@ -1,0 +1,168 @@
+"""The public Python API: every ``audit`` command as a function with the same name and arguments.
+
+``audit train CONFIG --set k=v`` is ``audit.train(CONFIG, overrides={"k": v})``; ``audit epsilon RUN --sources
+gradient_canaries`` is ``audit.epsilon(RUN, sources="gradient_canaries")``; and so on. Flags keep their names
+(``--retrain-shadows`` → ``retrain_shadows``); ``--no-progress`` is ``progress=False``; ``--set`` (repeatable) is
+``overrides``, a list of ``"key=value"`` strings or a ``{key: value}`` mapping. Each function returns the typed
+result the command prints (:class:`~training.trainer.TrainResult`, :class:`~attacks.runner.AttackResult`,
+:class:`~audit.epsilon.runner.EpsilonReport`, :class:`~audit.report.ReportPaths`,
+:class:`~audit.gate.GateResult`) and raises :class:`training.errors.UserError` (one line) on bad input, where the
+command prints ``error: ...`` and exits with code 2. The click commands in :mod:`audit.commands` only parse
+options, call these functions and print.
+
+Because ``audit.epsilon``, ``audit.report`` and ``audit.gate`` are also the packages that hold those steps,
+the three modules are callable: ``audit.epsilon(run)`` calls :func:`epsilon` and ``audit.epsilon.runner`` is
+still the module.
+
+>>> import audit
+>>> audit.epsilon is __import__("audit.epsilon").epsilon and callable(audit.epsilon)
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attacks.runner import AttackResult
+    from audit.epsilon.runner import EpsilonReport
+    from audit.gate import GateResult
+    from audit.report import ReportPaths
+    from training.trainer import TrainResult
+
+__all__ = ["train", "attack", "epsilon", "report", "gate", "as_overrides"]
+
+PathLike = str | os.PathLike[str]
+
+
+def as_overrides(overrides: Sequence[str] | Mapping[str, Any] | None) -> tuple[str, ...]:
+    """``--set`` values from a list of ``"key=value"`` strings or a ``{key: value}`` mapping (values as YAML).
+
+    >>> as_overrides({"privacy.target_epsilon": 4, "model.freeze": ["head.*"], "privacy.enabled": False})
+    ('privacy.target_epsilon=4', 'model.freeze=[head.*]', 'privacy.enabled=false')
+    >>> as_overrides(["training.steps=10"])
+    ('training.steps=10',)
+    """
+    if overrides is None:
+        return ()
+    if isinstance(overrides, Mapping):
+        import json
+
+        return tuple(f"{k}={json.dumps(v) if isinstance(v, (bool, type(None))) else _yaml_flow(v)}"
+                     for k, v in overrides.items())
+    if isinstance(overrides, str):
+        raise TypeError("overrides must be a list of 'key=value' strings or a mapping, got one string; wrap it in a list")
+    return tuple(str(o) for o in overrides)
+
+
+def _yaml_flow(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_flow(v) for v in value) + "]"
+    return str(value)
+
+
+def train(config: PathLike, *, overrides: Sequence[str] | Mapping[str, Any] | None = None, variant: str | None = None,
+          resume: bool = False, overwrite: bool = False, download: bool = False, progress: bool = False,
+          command: str | None = None, warn: Any = None) -> TrainResult:
+    """``audit train CONFIG``: train one model (DP or not) and write its run directory.
+
+    Args:
+        config: the experiment YAML. overrides: ``--set`` values. variant: ``--variant``.
+        resume, overwrite, download: the flags of the same names. progress: show a progress bar.
+        command: the command line to record in the provenance (default: this call, spelt as the command).
+        warn: called with each warning (e.g. a weak δ) before training starts.
+
+    Returns:
+        The :class:`~training.trainer.TrainResult` (run directory, manifest, metrics).
+    """
+    from audit.config import load_run_config, select_variant
+    from training.trainer import train as _train
+
+    extra = list(as_overrides(overrides)) + (["data.download=true"] if download else [])
+    cfg = select_variant(load_run_config(config, extra), variant).train_config()
+    if command is None:
+        import shlex
+
+        command = shlex.join(["audit", "train", str(config), *(a for o in extra for a in ("--set", o)),
+                              *(["--variant", variant] if variant else [])])
+    return _train(cfg, resume=resume, overwrite=overwrite, progress=progress, command=command,
+                  trust_code=True, warn=warn)  # the user's own config
+
+
+def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None = None,
+           overrides: Sequence[str] | Mapping[str, Any] | None = None, retrain_shadows: bool = False,
+           executor: str | None = None, workers: int | None = None, progress: bool = False,
+           trust_code: bool = False) -> AttackResult:
+    """``audit attack RUN``: membership inference with reference models trained by the run's own recipe.
+
+    Args:
+        run: the run directory. config, variant: an experiment YAML whose ``attack:`` section to use.
+        overrides: ``attack.*`` settings. retrain_shadows, executor, workers, trust_code: as the command's flags.
+        progress: print progress messages.
+
+    Returns:
+        The :class:`~attacks.runner.AttackResult` (``report`` is what ``attack.json`` holds).
+    """
+    from attacks.config import fit_to_run
+    from attacks.runner import run_attack
+    from audit.config import attacks_chosen, resolve_attack_config
+    from training.run import has_recipe
+
+    given = as_overrides(overrides)
+    extra = ((f"attack.executor={executor}",) if executor is not None else ()) + (
+        (f"attack.workers={workers}",) if workers is not None else ())
+    cfg = resolve_attack_config(run_dir=run, config_path=config, variant=variant, overrides=given + extra)
+    cfg, _ = fit_to_run(cfg, has_recipe=has_recipe(run), attacks_chosen=attacks_chosen(config_path=config,
+                                                                                        overrides=given))
+    return run_attack(run_dir=run, config=cfg, retrain_shadows=retrain_shadows, progress=progress,
+                      trust_code=trust_code)
+
+
+def epsilon(run: PathLike, *, alpha: float | None = None, sources: str | Sequence[str] | None = None,
+            attack: str | None = None, guesses: str | None = None, config: PathLike | None = None,
+            trust_code: bool = False) -> EpsilonReport:
+    """``audit epsilon RUN``: empirical ε lower bounds and the verdict on the run's claim (writes ``epsilon.json``).
+
+    Args:
+        run: the run directory (``audit train``, ``audit import`` or :class:`audit.OpacusAuditor`).
+        alpha, sources, attack, guesses: as the command's options (``sources``: a comma-separated string or a
+            list). config: an experiment YAML whose ``epsilon:`` section gives the defaults.
+        trust_code: ``--trust-code``.
+
+    Returns:
+        The :class:`~audit.epsilon.runner.EpsilonReport`: ``verdict.status`` (``VIOLATION`` / ``CONSISTENT`` /
+        ...), every estimate with its counts, and ``path`` (``epsilon.json``).
+    """
+    from audit.config import resolve_epsilon_config
+    from audit.epsilon.runner import run_epsilon
+
+    if sources is not None and not isinstance(sources, str):
+        sources = ",".join(sources)
+    cfg = resolve_epsilon_config(config_path=config, alpha=alpha, sources=sources, attack=attack, guesses=guesses)
+    return run_epsilon(run_dir=run, config=cfg, trust_code=trust_code)
+
+
+def report(run: PathLike, *, out: PathLike | None = None, pdf: bool = False, images: bool = True) -> ReportPaths:
+    """``audit report RUN``: ``report.html``, ``report.md`` and ``report.json`` (``images=False`` is
+    ``--no-images``). Returns the :class:`~audit.report.ReportPaths` (``report.glance.status`` is the verdict)."""
+    from audit.report import write_report
+
+    return write_report(run_dir=Path(run), out_dir=None if out is None else Path(out), pdf=pdf, load_images=images)
+
+
+def gate(baseline: PathLike, candidate: PathLike, *, policy: PathLike, out: PathLike | None = None) -> GateResult:
+    """``audit gate BASELINE CANDIDATE --policy P``: the CI regression gate.
+
+    Returns the :class:`~audit.gate.GateResult` (``passed``, ``exit_code``: 0 pass, 1 a rule failed, and each
+    rule's values); writes it as JSON to ``out`` when given (the command's default is ``gate.json``).
+    """
+    from audit.gate import evaluate_gate
+    from training.io import write_json
+
+    result = evaluate_gate(baseline=Path(baseline), candidate=Path(candidate), policy=Path(policy))
+    if out is not None:
+        write_json(Path(out), result.to_dict())
+    return result
