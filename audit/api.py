@@ -22,7 +22,7 @@ True
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,13 +65,14 @@ def _yaml_flow(value: Any) -> str:
 
 
 def train(config: PathLike, *, overrides: Sequence[str] | Mapping[str, Any] | None = None, variant: str | None = None,
-          resume: bool = False, overwrite: bool = False, download: bool = False, progress: bool = False,
+          resume: bool = False, overwrite: bool = False, download: bool = False, progress: bool | None = False,
           command: str | None = None, warn: Any = None) -> TrainResult:
     """``audit train CONFIG``: train one model (DP or not) and write its run directory.
 
     Args:
         config: the experiment YAML. overrides: ``--set`` values. variant: ``--variant``.
-        resume, overwrite, download: the flags of the same names. progress: show a progress bar.
+        resume, overwrite, download: the flags of the same names. progress: show a progress bar (None: the
+            config's ``training.progress``).
         command: the command line to record in the provenance (default: this call, spelt as the command).
         warn: called with each warning (e.g. a weak δ) before training starts.
 
@@ -79,6 +80,7 @@ def train(config: PathLike, *, overrides: Sequence[str] | Mapping[str, Any] | No
         The :class:`~training.trainer.TrainResult` (run directory, manifest, metrics).
     """
     from audit.config import load_run_config, select_variant
+    from training.distributed import process_group, world_from_env
     from training.trainer import train as _train
 
     extra = list(as_overrides(overrides)) + (["data.download=true"] if download else [])
@@ -88,20 +90,24 @@ def train(config: PathLike, *, overrides: Sequence[str] | Mapping[str, Any] | No
 
         command = shlex.join(["audit", "train", str(config), *(a for o in extra for a in ("--set", o)),
                               *(["--variant", variant] if variant else [])])
-    return _train(cfg, resume=resume, overwrite=overwrite, progress=progress, command=command,
-                  trust_code=True, warn=warn)  # the user's own config
+    with process_group(world_from_env(), device=cfg.training.device):  # one process, or a torchrun rank
+        return _train(cfg, resume=resume, overwrite=overwrite, progress=progress, command=command,
+                      trust_code=True, warn=warn)  # the user's own config
 
 
 def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None = None,
            overrides: Sequence[str] | Mapping[str, Any] | None = None, retrain_shadows: bool = False,
-           executor: str | None = None, workers: int | None = None, progress: bool = False,
-           trust_code: bool = False) -> AttackResult:
+           executor: str | None = None, ray_address: str | None = None, workers: int | None = None,
+           progress: bool = False, trust_code: bool = False,
+           note: Callable[[str], None] | None = None) -> AttackResult:
     """``audit attack RUN``: membership inference with reference models trained by the run's own recipe.
 
     Args:
         run: the run directory. config, variant: an experiment YAML whose ``attack:`` section to use.
-        overrides: ``attack.*`` settings. retrain_shadows, executor, workers, trust_code: as the command's flags.
-        progress: print progress messages.
+        overrides: ``attack.*`` settings. retrain_shadows, executor, ray_address, workers, trust_code: as the
+            command's flags (``ray_address`` implies ``executor="ray"``).
+        progress: print progress messages. note: called with a note when the attacks were narrowed to what the
+            run supports (a run without a training recipe).
 
     Returns:
         The :class:`~attacks.runner.AttackResult` (``report`` is what ``attack.json`` holds).
@@ -111,26 +117,36 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
     from audit.config import attacks_chosen, resolve_attack_config
     from training.run import has_recipe
 
+    if not Path(run).is_dir():
+        from training.errors import CheckpointError
+
+        raise CheckpointError(f"run directory not found: {run}")
     given = as_overrides(overrides)
-    extra = ((f"attack.executor={executor}",) if executor is not None else ()) + (
-        (f"attack.workers={workers}",) if workers is not None else ())
+    if ray_address is not None and executor is None:
+        executor = "ray"
+    extra = tuple([f"attack.executor={executor}"] * (executor is not None) + [f"attack.workers={workers}"] * (
+        workers is not None) + [f"attack.ray_address={ray_address}"] * (ray_address is not None))
     cfg = resolve_attack_config(run_dir=run, config_path=config, variant=variant, overrides=given + extra)
-    cfg, _ = fit_to_run(cfg, has_recipe=has_recipe(run), attacks_chosen=attacks_chosen(config_path=config,
-                                                                                        overrides=given))
+    cfg, why = fit_to_run(cfg, has_recipe=has_recipe(run), attacks_chosen=attacks_chosen(config_path=config,
+                                                                                          overrides=given))
+    if why is not None and note is not None:
+        note(why)
     return run_attack(run_dir=run, config=cfg, retrain_shadows=retrain_shadows, progress=progress,
                       trust_code=trust_code)
 
 
 def epsilon(run: PathLike, *, alpha: float | None = None, sources: str | Sequence[str] | None = None,
             attack: str | None = None, guesses: str | None = None, config: PathLike | None = None,
-            trust_code: bool = False) -> EpsilonReport:
+            canaries: PathLike | None = None, references: PathLike | None = None, trust_code: bool = False,
+            log: Callable[[str], None] | None = None) -> EpsilonReport:
     """``audit epsilon RUN``: empirical ε lower bounds and the verdict on the run's claim (writes ``epsilon.json``).
 
     Args:
         run: the run directory (``audit train``, ``audit import`` or :class:`audit.OpacusAuditor`).
         alpha, sources, attack, guesses: as the command's options (``sources``: a comma-separated string or a
             list). config: an experiment YAML whose ``epsilon:`` section gives the defaults.
-        trust_code: ``--trust-code``.
+        canaries, references: ``--canaries SECRET`` (the auditor's ``canary_secret.npz``) and ``--references DIR``.
+        trust_code: ``--trust-code``. log: called with progress messages.
 
     Returns:
         The :class:`~audit.epsilon.runner.EpsilonReport`: ``verdict.status`` (``VIOLATION`` / ``CONSISTENT`` /
@@ -141,8 +157,10 @@ def epsilon(run: PathLike, *, alpha: float | None = None, sources: str | Sequenc
 
     if sources is not None and not isinstance(sources, str):
         sources = ",".join(sources)
-    cfg = resolve_epsilon_config(config_path=config, alpha=alpha, sources=sources, attack=attack, guesses=guesses)
-    return run_epsilon(run_dir=run, config=cfg, trust_code=trust_code)
+    cfg = resolve_epsilon_config(config_path=config, alpha=alpha, sources=sources, attack=attack, guesses=guesses,
+                                 canaries=None if canaries is None else str(canaries),
+                                 reference_dir=None if references is None else str(references))
+    return run_epsilon(run_dir=run, config=cfg, trust_code=trust_code, log=log)
 
 
 def report(run: PathLike, *, out: PathLike | None = None, pdf: bool = False, images: bool = True) -> ReportPaths:

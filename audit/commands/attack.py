@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from audit.config import attacks_chosen, resolve_attack_config
 
 
 def _fmt_ci(ci: Any) -> str:
@@ -62,25 +61,10 @@ def command(run: str, config_path: str | None, variant: str | None, overrides: t
             no_progress: bool,
             trust_code: bool) -> None:
     """Attack the run in RUN (LOSS, Attack-P, LiRA, RMIA, ...) and write RUN/attack.json and RUN/scores.npz."""
-    from pathlib import Path
+    from audit.api import attack
 
-    from attacks.config import fit_to_run
-    from attacks.runner import run_attack
-    from training.errors import CheckpointError
-    from training.run import has_recipe
-
-    if not Path(run).is_dir():
-        raise CheckpointError(f"run directory not found: {run}")
-    if ray_address is not None and executor is None:
-        executor = "ray"
-    extra = ([f"attack.executor={executor}"] * (executor is not None) + [f"attack.workers={workers}"] * (
-        workers is not None) + [f"attack.ray_address={ray_address}"] * (ray_address is not None))
-    config = resolve_attack_config(run_dir=run, config_path=config_path, variant=variant,
-                                   overrides=tuple(overrides) + tuple(extra))
-    config, note = fit_to_run(config, has_recipe=has_recipe(run),
-                              attacks_chosen=attacks_chosen(config_path=config_path, overrides=tuple(overrides)))
-    if note is not None:
-        click.echo(f"note: {run} {note}", err=True)
-    result = run_attack(run_dir=run, config=config, retrain_shadows=retrain_shadows, progress=not no_progress,
-                        trust_code=trust_code)
+    result = attack(run, config=config_path, variant=variant, overrides=overrides, retrain_shadows=retrain_shadows,
+                    executor=executor, ray_address=ray_address, workers=workers, progress=not no_progress,
+                    trust_code=trust_code,
+                    note=lambda message: click.echo(f"note: {run} {message}", err=True))
     _print_table(result)

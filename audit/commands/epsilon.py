@@ -44,13 +44,11 @@ def command(run_dir: str, alpha: float | None, sources: str | None, attack: str 
     from rich.console import Console
     from rich.table import Table
 
-    from audit.config import resolve_epsilon_config
-    from audit.epsilon.runner import run_epsilon
+    from audit.api import epsilon
 
-    config = resolve_epsilon_config(config_path=config_file, alpha=alpha, sources=sources, attack=attack,
-                                    guesses=guesses, canaries=canaries, reference_dir=reference_dir)
-    report = run_epsilon(run_dir=run_dir, config=config, trust_code=trust_code,
-                         log=lambda msg: click.echo(f"epsilon: {msg}", err=True))
+    report = epsilon(run_dir, alpha=alpha, sources=sources, attack=attack, guesses=guesses, config=config_file,
+                     canaries=canaries, references=reference_dir, trust_code=trust_code,
+                     log=lambda msg: click.echo(f"epsilon: {msg}", err=True))
     table = Table(title=f"empirical ε for {report.run} (claimed ε = {_fmt(report.claimed_epsilon)}, "
                         f"δ = {report.delta:.1e})")
     for col in ("source", "method", "ε_lb", "ceiling", "α", "counts", "verdict"):

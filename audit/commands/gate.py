@@ -1,7 +1,7 @@
 """`audit gate BASELINE CANDIDATE --policy POLICY`: a CI gate over two run directories.
 
 Exit codes: 0 every rule passed; 1 a rule failed; 2 bad input (missing files, unknown policy keys, runs that
-cannot be compared). The library function is :func:`audit.gate.evaluate_gate`.
+cannot be compared). The library function is :func:`audit.api.gate` (``audit.gate(...)``), over :func:`audit.gate.evaluate_gate`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from audit.gate import GateResult, evaluate_gate
-from training.io import write_json
+from audit.api import gate
+from audit.gate import GateResult
 
 
 def print_gate(result: GateResult, *, file=None) -> None:
@@ -50,8 +50,7 @@ def print_gate(result: GateResult, *, file=None) -> None:
               type=click.Path(dir_okay=False, path_type=Path), help="where to write the JSON result")
 def command(baseline: Path, candidate: Path, policy: Path, out: Path) -> None:
     """Compare CANDIDATE with BASELINE under a policy; exit 0 pass, 1 fail, 2 bad input."""
-    result = evaluate_gate(baseline=baseline, candidate=candidate, policy=policy)
-    write_json(out, result.to_dict())
+    result = gate(baseline, candidate, policy=policy, out=out)
     print_gate(result)
     click.echo(f"wrote {out}")
     if not result.passed:

@@ -1,6 +1,6 @@
 """`audit report RUN`: the self-contained audit report of a run directory.
 
-The library function is :func:`audit.report.write_report`.
+The library function is :func:`audit.api.report` (``audit.report(run)``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from audit.report import write_report
+from audit.api import report
 
 
 @click.command(name="report")
@@ -20,7 +20,7 @@ from audit.report import write_report
 @click.option("--no-images", is_flag=True, help="list vulnerable examples by index instead of re-loading the pool")
 def command(run: Path, out: Path | None, pdf: bool, no_images: bool) -> None:
     """Write report.html (one self-contained file), report.md and report.json for RUN."""
-    paths = write_report(run_dir=run, out_dir=out, pdf=pdf, load_images=not no_images)
+    paths = report(run, out=out, pdf=pdf, images=not no_images)
     g = paths.report.glance
     click.echo(f"{g.status}: {g.headline}")
     for p in (paths.html, paths.markdown, paths.json, paths.pdf):

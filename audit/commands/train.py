@@ -7,8 +7,6 @@ import sys
 
 import click
 
-from audit.config import load_run_config, select_variant
-
 
 @click.command(name="train")
 @click.argument("config", type=click.Path(dir_okay=False))
@@ -28,23 +26,23 @@ def command(config: str, overrides: tuple[str, ...], variant: str | None, resume
 
     Several processes: torchrun --nproc-per-node N -m audit train CONFIG (or --nproc N).
     """
-    from training.distributed import launch, process_group, world_from_env
-    from training.trainer import train
+    from audit.api import train
+    from audit.config import load_run_config, select_variant
+    from training.distributed import launch, world_from_env
 
-    extra = list(overrides) + (["data.download=true"] if download else [])
-    run_cfg = load_run_config(config, extra)
-    cfg = select_variant(run_cfg, variant).train_config()
     world = world_from_env()
     if nproc is not None and nproc > 1 and not world.distributed:
+        extra = list(overrides) + (["data.download=true"] if download else [])
+        select_variant(load_run_config(config, extra), variant).train_config()  # config errors before any launch
         args = ["train", config, *(a for o in overrides for a in ("--set", o)),
                 *(["--variant", variant] if variant is not None else []), *(["--resume"] if resume else []),
                 *(["--overwrite"] if overwrite else []), *(["--download"] if download else []),
                 *(["--no-progress"] if no_progress else [])]
         sys.exit(launch(args, nproc=nproc))
-    with process_group(world, device=cfg.training.device):
-        result = train(cfg, resume=resume, overwrite=overwrite, progress=False if no_progress else None,
-                       command=shlex.join(["audit", *sys.argv[1:]]), trust_code=True,  # the user's own config
-                       warn=lambda message: click.echo(f"warning: {message}", err=True))
+    result = train(config, overrides=overrides, variant=variant, resume=resume, overwrite=overwrite,
+                   download=download, progress=False if no_progress else None,
+                   command=shlex.join(["audit", *sys.argv[1:]]),
+                   warn=lambda message: click.echo(f"warning: {message}", err=True))
     if not world.is_main:
         return
     m, p = result.metrics, result.manifest.privacy
