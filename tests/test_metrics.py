@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from attacks.crosscheck import crosscheck_with_privacy_meter, privacy_meter_available
 from attacks.metrics import (
     AttackMetrics,
     auc,
@@ -23,7 +22,6 @@ from attacks.metrics import (
     tpr_at_fpr,
     weighted_roc_metrics,
 )
-from training.errors import UserError
 
 # Hand-made: scores 0.9 (member), 0.8 (member), 0.8 (non), 0.3 (non), 0.1 (non): P = 2, N = 3.
 # Thresholds inf, .9, .8, .3, .1 -> (FPR, TPR) = (0,0), (0,1/2), (1/3,1), (2/3,1), (1,1).
@@ -221,20 +219,3 @@ def test_per_class_metrics_and_most_vulnerable():
     assert most_vulnerable(s, member, 3) == [6, 0, 2]
     assert most_vulnerable(s, member, 10, pool_indices=np.arange(100, 107)) == [106, 100, 102, 105, 104]
     assert most_vulnerable(s, member, 0) == []
-
-
-def test_privacy_meter_missing_is_a_clear_user_error():
-    if privacy_meter_available():
-        pytest.skip("privacy_meter is installed; the missing-package path cannot be exercised")
-    with pytest.raises(UserError, match="pip install 'dp-audit\\[privacy-meter\\]'"):
-        crosscheck_with_privacy_meter([1.0, 0.0], [1, 0])
-
-
-@pytest.mark.skipif(not privacy_meter_available(),
-                    reason="privacy-meter (optional extra, needs TensorFlow) is not installed")
-def test_crosscheck_with_privacy_meter():
-    rng = np.random.default_rng(11)
-    y = rng.random(500) < 0.5
-    s = np.round(rng.normal(size=500) + y, 2)
-    result = crosscheck_with_privacy_meter(s, y)
-    assert result.agrees, result
