@@ -216,3 +216,34 @@ def test_refusals(tmp_path):
     opt.step()
     with pytest.raises(ValueError, match="before the first optimizer.step"):
         audit.OpacusAuditor(opt, engine, dp_loader, run_dir=tmp_path / "r")
+
+
+def test_dpddp_single_process(tmp_path):
+    """DPDDP (gloo, world size 1): canaries join on rank 0, where Opacus adds the noise; rank 0 writes the run."""
+    import torch.distributed as dist
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        x, y = _digits()
+        model = DPDDP(nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)))
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:240], y[:240]), batch_size=120)
+        engine = PrivacyEngine(accountant="rdp")
+        model, opt, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+                                                 data_loader=loader, noise_multiplier=0.0, max_grad_norm=1.0)
+        assert type(opt).__name__ == "DistributedDPOptimizer"
+        auditor = audit.OpacusAuditor(opt, engine, loader, run_dir=tmp_path / "run", gradient_canaries=500, seed=0,
+                                      delta=1e-5, claimed_epsilon=1.0)
+        for _ in range(20):
+            for xb, yb in loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(xb), yb).backward()
+                opt.step()
+        run = auditor.finish(model)
+    finally:
+        dist.destroy_process_group()
+    assert run.manifest.training["world_size"] == 1 and run.manifest.privacy.phases[0].steps == 40
+    rep = run_epsilon(run_dir=run.run_dir, config=EpsilonConfig(sources=("gradient_canaries",)))
+    assert _gradient_bounds(rep)["one_run"] > 1.0 and str(rep.verdict.status) == "VIOLATION"
