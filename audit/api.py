@@ -54,7 +54,8 @@ def as_overrides(overrides: Sequence[str] | Mapping[str, Any] | None) -> tuple[s
         return tuple(f"{k}={json.dumps(v) if isinstance(v, (bool, type(None))) else _yaml_flow(v)}"
                      for k, v in overrides.items())
     if isinstance(overrides, str):
-        raise TypeError("overrides must be a list of 'key=value' strings or a mapping, got one string; wrap it in a list")
+        raise TypeError("overrides must be a list of 'key=value' strings or a mapping, got one string; "
+                        "wrap it in a list")
     return tuple(str(o) for o in overrides)
 
 

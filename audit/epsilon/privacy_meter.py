@@ -175,7 +175,8 @@ def crosscheck_one_run(*, scores: Any, included: Any, delta: float, alpha: float
         r, v = _pair_counts(ranks, inc, kp_pm[keep], kn_pm[keep])
         same = one_run_epsilon_bounds(m, r, v, 0.0, float(alpha))
         same_b = one_run_epsilon_bounds(m, r, v, 0.0, float(alpha) / max(1, int(keep.sum())))
-        found = {"eps_pm": s["eps_opt"], "k_pos": m - s["k_pos_opt"], "k_neg": s["k_neg_opt"], "v": s["correct_num_opt"],
+        found = {"eps_pm": s["eps_opt"], "k_pos": m - s["k_pos_opt"], "k_neg": s["k_neg_opt"],
+                 "v": s["correct_num_opt"],
                  "n_pairs": s["n_pairs"], "eps_ours_same_grid_unaccounted": float(same.max(initial=0.0)),
                  "eps_ours_same_grid_bonferroni": float(same_b.max(initial=0.0))}
     gaps = [abs(p["eps_ours"] - p["eps_pm"]) for p in pairs]
@@ -185,7 +186,8 @@ def crosscheck_one_run(*, scores: Any, included: Any, delta: float, alpha: float
                             ours_reported=float(bonf.max(initial=0.0)), search=found)
 
 
-def _pair_counts(ranks: np.ndarray, inc: np.ndarray, k_pos: np.ndarray, k_neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pair_counts(ranks: np.ndarray, inc: np.ndarray, k_pos: np.ndarray,
+                 k_neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(r, v) of explicit guess pairs: top ``k_pos`` ranks IN, bottom ``k_neg`` OUT (ranks are distinct)."""
     inc_desc = inc[np.argsort(-ranks, kind="stable")]
     top_in = np.concatenate([[0], np.cumsum(inc_desc)])
@@ -200,7 +202,8 @@ def _run_privacy_meter(src: Path, scores: np.ndarray, included: np.ndarray, *, d
         np.savez(data, scores=scores, member=included)
         args = json.dumps({"delta": delta, "alpha": alpha, "search": search, "pairs": pairs})
         proc = subprocess.run([sys.executable, "-I", "-c", _RUNNER, str(src), str(data), args], cwd=tmp,
-                              capture_output=True, text=True, timeout=_TIMEOUT_S, env={**os.environ, "MPLBACKEND": "Agg"})
+                              capture_output=True, text=True, timeout=_TIMEOUT_S,
+                              env={**os.environ, "MPLBACKEND": "Agg"})
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"Privacy Meter's audit.py failed in {src}: {last}")

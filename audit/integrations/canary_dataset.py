@@ -63,7 +63,8 @@ class CanaryDataset(Dataset):
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-        self.dataset, self.count, self.kind, self.num_classes, self.seed = dataset, int(count), kind, int(num_classes), int(seed)
+        self.dataset, self.count, self.kind = dataset, int(count), kind
+        self.num_classes, self.seed = int(num_classes), int(seed)
         self.n_real = len(dataset)  # type: ignore[arg-type]
         if self.n_real == 0:
             raise ValueError("dataset is empty")

@@ -72,6 +72,9 @@ class AuditedRun:
         return self.manifest.privacy.claimed_epsilon
 
 
+_DDP_NAMES = ("DistributedDataParallel", "DPDDP", "DifferentiallyPrivateDistributedDataParallel")
+
+
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The user's module inside Opacus's wrappers (``GradSampleModule*``) and DDP/DPDDP."""
     seen = 0
@@ -79,8 +82,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         seen += 1
         if hasattr(model, "_module") and isinstance(model._module, nn.Module):
             model = model._module
-        elif type(model).__name__ in ("DistributedDataParallel", "DPDDP", "DifferentiallyPrivateDistributedDataParallel") \
-                and isinstance(getattr(model, "module", None), nn.Module):
+        elif type(model).__name__ in _DDP_NAMES and isinstance(getattr(model, "module", None), nn.Module):
             model = model.module
         else:
             break

@@ -87,8 +87,8 @@ def _check_history(auditor: OpacusAuditor) -> list[str]:
     total = sum(t for _, _, t in hist)
     notes = []
     if total != len(auditor.steps):
-        notes.append(f"the engine's accountant counted {total} steps but the optimizer added noise {len(auditor.steps)} "
-                     "times while the auditor was attached")
+        notes.append(f"the engine's accountant counted {total} steps but the optimizer added noise "
+                     f"{len(auditor.steps)} times while the auditor was attached")
     seen = {(round(s, 12), round(q, 12)) for s, q, _ in auditor.steps}
     counted = {(round(s, 12), round(q, 12)) for s, q, _ in hist}
     if seen != counted:
@@ -201,7 +201,8 @@ def write_run(auditor: OpacusAuditor, model: nn.Module, *, test_accuracy: float 
     arch = auditor.arch or f"user-model/{type(base).__module__}.{type(base).__qualname__}".replace(":", ".")
     input_shape = _input_shape(auditor)
     manifest = build_manifest(
-        run_name=auditor.run_name, model=ModelConfig(arch=arch, fix_batchnorm=False), num_classes=_num_classes(base, ds),
+        run_name=auditor.run_name, model=ModelConfig(arch=arch, fix_batchnorm=False),
+        num_classes=_num_classes(base, ds),
         input_shape=input_shape, param_count=total, trainable_param_count=trainable, weights_sha256=weights_sha,
         frozen=[n for n, p in base.named_parameters() if not p.requires_grad],
         notes=[] if auditor.arch else ["the user's model class (trained by an Opacus script); auditors read its "
