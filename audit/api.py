@@ -15,8 +15,9 @@ the three modules are callable: ``audit.epsilon(run)`` calls :func:`epsilon` and
 still the module.
 
 >>> import audit
->>> audit.epsilon is __import__("audit.epsilon").epsilon and callable(audit.epsilon)
-True
+>>> import audit.epsilon.runner
+>>> callable(audit.epsilon), audit.epsilon.runner.__name__
+(True, 'audit.epsilon.runner')
 """
 
 from __future__ import annotations

@@ -171,7 +171,8 @@ def test_other_fields_never_import_what_they_name(run, payload, field, command):
 DYNAMIC_IMPORTS = {
     ("training/models/build.py", "importlib.import_module(module_name)"),
     ("attacks/registry.py", "importlib.import_module(module)"),
-    ("attacks/crosscheck.py", 'importlib.import_module("privacy_meter.metric_result")'),
+    ("audit/__init__.py", "importlib.import_module(module)"),  # a value of the fixed table audit._PUBLIC
+    ("audit/_callable.py", 'importlib.import_module("audit.api")'),
     ("audit/cli.py", 'importlib.import_module(f"audit.commands.{_name}")'),
     ("training/run/manifest.py", "__import__(mod)"),
 }
