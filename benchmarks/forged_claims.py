@@ -216,7 +216,8 @@ def _table(args, rows, total_s: float) -> str:
               "- Why mlp and not small_cnn: small_cnn pools globally, so i.i.d.-noise canaries look alike to it. "
               "Measured while designing (no-noise target, 1,347-example pool, 1,000 canaries, LOSS AUC on the "
               "canaries, Adam lr 0.01): 0.73 at 300 steps / batch 64 (lr 0.003), 0.96 at 600 steps / batch 128, "
-              "1.00 at 1,000 steps / batch 128; at 600 steps the benchmark's 54 models did not fit the time on the shared 2-core machine. "
+              "1.00 at 1,000 steps / batch 128; at 600 steps the benchmark's 54 models did not fit the time on the "
+              "shared 2-core machine. "
               "`--arch small_cnn --width 32,64 --steps 1000 --pool-size 1347` runs "
               "that setting."]
     return "\n".join(lines) + "\n"
