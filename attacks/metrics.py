@@ -40,8 +40,6 @@ __all__ = [
     "compute_metrics",
     "AveragedMetrics",
     "average_metrics",
-    "per_class_metrics",
-    "most_vulnerable",
 ]
 
 DEFAULT_FPRS: tuple[float, ...] = (0.01, 0.001, 0.0001)
@@ -426,47 +424,3 @@ def average_metrics(metrics: Sequence[AttackMetrics]) -> AveragedMetrics:
     return AveragedMetrics(n_runs=len(metrics), auc=ms([m.auc for m in metrics]),
                            tpr_at={t: ms([m.tpr_at[t] for m in metrics]) for t in fprs},
                            balanced_accuracy=ms([m.balanced_accuracy for m in metrics]))
-
-
-def per_class_metrics(scores: Any, labels_member: Any, class_labels: Any) -> dict[Any, dict[str, Any]]:
-    """AUC per class slice: ``{class: {"auc": float | None, "n": ., "n_members": ., "n_nonmembers": .}}``.
-
-    ``auc`` is None for a class that lacks members or non-members.
-
-    >>> per_class_metrics([3, 1, 2, 0], [1, 0, 1, 0], [0, 0, 1, 1])[1]
-    {'auc': 1.0, 'n': 2, 'n_members': 1, 'n_nonmembers': 1}
-    """
-    s, y = _check(scores, labels_member, need_both=False)
-    c = np.asarray(class_labels)
-    if c.shape != s.shape:
-        raise ValueError(f"class_labels must have the shape of scores {s.shape}; got {c.shape}")
-    out: dict[Any, dict[str, Any]] = {}
-    for cls in np.unique(c):
-        sel = c == cls
-        n_mem, n_non = int(y[sel].sum()), int((~y[sel]).sum())
-        out[cls.item()] = {"auc": auc(s[sel], y[sel]) if n_mem and n_non else None,
-                           "n": int(sel.sum()), "n_members": n_mem, "n_nonmembers": n_non}
-    return out
-
-
-def most_vulnerable(scores: Any, labels_member: Any, k: int, pool_indices: Any = None) -> list[int]:
-    """The ``k`` true members with the highest scores, most exposed first (ties: lower position first).
-
-    Args:
-        scores: ``(n,)`` scores, higher = member.
-        labels_member: ``(n,)`` true membership.
-        k: how many (fewer are returned when there are fewer members).
-        pool_indices: optional ``(n,)`` ids to return instead of positions (e.g. indices into the pool).
-
-    >>> most_vulnerable([0.9, 0.95, 0.2, 0.7], [0, 1, 1, 1], 2, pool_indices=[10, 11, 12, 13])
-    [11, 13]
-    """
-    s, y = _check(scores, labels_member, need_both=False)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ValueError(f"k must be an integer >= 0; got {k!r}")
-    ids = np.arange(s.size) if pool_indices is None else np.asarray(pool_indices)
-    if ids.shape != s.shape:
-        raise ValueError(f"pool_indices must have the shape of scores {s.shape}; got {ids.shape}")
-    members = np.flatnonzero(y)
-    top = members[np.argsort(-s[members], kind="stable")[:k]]
-    return [int(i) for i in ids[top]]

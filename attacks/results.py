@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from attacks.metrics import DEFAULT_FPRS, average_metrics, compute_metrics, most_vulnerable, per_class_metrics
+from attacks.metrics import DEFAULT_FPRS, average_metrics, compute_metrics
+from attacks.slices import most_vulnerable, per_class_metrics
 
 __all__ = ["ROC_POINTS", "roc_grid", "banded_roc", "evaluate_scores", "loo_summary"]
 

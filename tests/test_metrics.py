@@ -16,12 +16,11 @@ from attacks.metrics import (
     bootstrap_ci,
     compute_metrics,
     membership_advantage,
-    most_vulnerable,
-    per_class_metrics,
     roc_curve,
     tpr_at_fpr,
     weighted_roc_metrics,
 )
+from attacks.slices import most_vulnerable, per_class_metrics
 
 # Hand-made: scores 0.9 (member), 0.8 (member), 0.8 (non), 0.3 (non), 0.1 (non): P = 2, N = 3.
 # Thresholds inf, .9, .8, .3, .1 -> (FPR, TPR) = (0,0), (0,1/2), (1/3,1), (2/3,1), (1,1).
