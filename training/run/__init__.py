@@ -5,6 +5,7 @@ whether outputs are current. Every reader and writer of a run directory goes thr
 * :mod:`training.run.manifest`: the manifest schema, :func:`build_manifest`, :func:`write_manifest`.
 * :mod:`training.run.state`: resumable training state (``state/checkpoint.pt``).
 * :mod:`training.run.imported`: ``import.json`` and the pool of an imported checkpoint.
+* :mod:`training.run.readers`: one file of a run read and checked against the manifest.
 * :mod:`training.run.verified`: :func:`open_run` -> :class:`VerifiedRun` (manifest, weights, membership, config,
   pool: each read and verified once).
 * :mod:`training.run.freshness`: one rule for "is this output still current".

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,12 +30,14 @@ import torch
 
 from training.config import TrainConfig
 from training.data import ImageSet
-from training.errors import CheckpointError, ConfigError
+from training.errors import CheckpointError
 from training.io import sha256_bytes, sha256_file
 from training.pool import Pool
 from training.run.files import CANARY_PACKAGE_FILE, CONFIG_FILE, IMPORT_FILE, METRICS_FILE
 from training.run.imported import pool_from_import, pool_from_manifest, read_import_record
 from training.run.manifest import Manifest, model_config, read_manifest
+from training.run.readers import (parse_yaml, check_finite_weights, decode_weights, read_config, read_membership,
+                                  read_weights, without_downloads)
 
 if TYPE_CHECKING:
     from training.trust import CodeTrust
@@ -44,125 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["VerifiedRun", "open_run", "as_run", "read_weights", "decode_weights", "check_finite_weights",
            "read_membership", "read_config", "read_pool", "without_downloads",
            "canary_package_of"]
-
-
-def read_weights(run_dir: Path, manifest: Manifest) -> bytes:
-    """The bytes of the weights file after checking their sha256 against the manifest (the file is read once).
-
-    Raises:
-        CheckpointError: missing file or sha256 mismatch.
-    """
-    path = run_dir / manifest.model.weights_file
-    if not path.is_file():
-        raise CheckpointError(f"weights file {path} named in the manifest is missing")
-    data = path.read_bytes()
-    digest = sha256_bytes(data)
-    if digest != manifest.model.weights_sha256:
-        raise CheckpointError(
-            f"weights file {path} does not match the manifest (sha256 {digest[:12]}... != "
-            f"{manifest.model.weights_sha256[:12]}...): the checkpoint was modified or belongs to another run")
-    return data
-
-
-def decode_weights(data: bytes, *, source: Path) -> dict[str, torch.Tensor]:
-    """CPU tensors from the bytes of a safetensors file (no pickle).
-
-    Raises:
-        CheckpointError: the bytes are not a safetensors file.
-    """
-    from safetensors.torch import load
-
-    try:
-        return load(data)
-    except Exception as exc:  # safetensors raises its own error types for corrupt headers
-        raise CheckpointError(f"weights file {source} is corrupt or not safetensors ({exc})") from None
-
-
-def check_finite_weights(state: dict[str, torch.Tensor], path: Any) -> None:
-    """Refuse weights that hold NaN or inf (a diverged model: every attack on it would be meaningless).
-
-    Raises:
-        CheckpointError: some floating-point tensor is not finite.
-    """
-    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-    if bad:
-        raise CheckpointError(f"weights in {path} are not finite ({len(bad)} tensor(s) hold NaN or inf, first "
-                              f"'{bad[0]}'): the model diverged in training; retrain it with a lower learning rate")
-
-
-def read_membership(run_dir: Path, manifest: Manifest) -> np.ndarray:
-    """The membership mask (bool, one per pool index) after checking its sha256 and length.
-
-    Raises:
-        CheckpointError: missing file, sha256 mismatch, or not a bool vector of the pool's length.
-    """
-    import io
-
-    path = run_dir / manifest.data.membership_file
-    if not path.is_file():
-        raise CheckpointError(f"membership file {path} named in the manifest is missing")
-    data = path.read_bytes()
-    if sha256_bytes(data) != manifest.data.membership_sha256:
-        raise CheckpointError(f"membership file {path} does not match the manifest's sha256: refusing to audit")
-    try:
-        mask = np.load(io.BytesIO(data), allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:  # object arrays (pickles), truncated or foreign files
-        raise CheckpointError(f"membership file {path} is not a plain .npy bool array ({exc})") from None
-    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.ndim != 1 or mask.shape[0] != manifest.data.pool_size:
-        raise CheckpointError(
-            f"membership file {path} must be a bool vector of length {manifest.data.pool_size}, "
-            f"got {mask.dtype} {mask.shape}")
-    return mask
-
-
-def read_config(run_dir: Path, manifest: Manifest, text: bytes, parse: Callable[[], Any]) -> TrainConfig:
-    """Validate ``config.yaml`` (its bytes ``text``; ``parse()`` gives them parsed) into a :class:`TrainConfig`
-    after checking the bytes' sha256 against the manifest.
-
-    Raises:
-        CheckpointError: the file differs from the one the manifest records, or is not a valid training config.
-    """
-    from training.config import validate_config
-
-    path = run_dir / CONFIG_FILE
-    want = manifest.provenance.config_sha256
-    if want is not None and sha256_bytes(text) != want:
-        raise CheckpointError(f"{path} does not match the manifest's config sha256: the recipe was edited after "
-                              f"training; restore it (or retrain) before auditing")
-    data = parse()
-    try:
-        config = validate_config(data if isinstance(data, dict) else {}, TrainConfig, source=f"config error in {path}")
-    except ConfigError as exc:
-        raise CheckpointError(f"{path} is not a valid training config ({exc})") from None
-    return without_downloads(config)
-
-
-def without_downloads(config: TrainConfig) -> TrainConfig:
-    """``config`` with every dataset download flag off (``data.download``, ``training.continual.public.download``).
-
-    A received run's recipe is the vendor's: rebuilding its pool (for attacks, ε, reference models, the report)
-    must read the data already on the auditor's disk, never fetch what the vendor's flag asks for (a download
-    writes wherever ``data.root`` points). Missing data is then the usual one-line error naming the layout.
-
-    >>> cfg = TrainConfig.model_validate({"data": {"download": True}})
-    >>> without_downloads(cfg).data.download, without_downloads(cfg).training.continual.public.download
-    (False, False)
-    """
-    continual = config.training.continual
-    public = continual.public.model_copy(update={"download": False})
-    training = config.training.model_copy(update={"continual": continual.model_copy(update={"public": public})})
-    return config.model_copy(update={"data": config.data.model_copy(update={"download": False}), "training": training})
-
-
-def _parse_yaml(path: Path, text: bytes) -> Any:
-    import yaml
-
-    from training.config import safe_load_yaml
-
-    try:
-        return safe_load_yaml(text)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid YAML ({exc}); re-create the run") from None
 
 
 def canary_package_of(run: VerifiedRun) -> Path | None:
@@ -292,7 +174,7 @@ class VerifiedRun:
 
     @functools.cached_property
     def _config_parsed(self) -> Any:
-        return None if self._config_text is None else _parse_yaml(self.run_dir / CONFIG_FILE, self._config_text)
+        return None if self._config_text is None else parse_yaml(self.run_dir / CONFIG_FILE, self._config_text)
 
     @property
     def config_data(self) -> dict[str, Any] | None:
