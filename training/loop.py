@@ -243,7 +243,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
             if end is not None or done == spec.steps:
                 record = {"index": phase_index, "name": spec.name, "dp": spec.dp,
                           "sigma": float(spec.sigma) if spec.dp else None, "sample_rate": spec.sample_rate,
-                          "steps": done, "reason": end or "steps", "frozen": frozen}
+                          "steps": done, "reason": end or "steps", "frozen": frozen,
+                          "fallback_layers": stepper.fallback_layers}
             _log_step(ctx, spec, stepper, stats, done=done, force=record is not None)
             if ctx.on_step is not None:
                 ctx.on_step(g, spec.name, stats, stepper.base_model)

@@ -246,7 +246,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
 
     test_acc = accuracy(model, pool.test, device=device)
     train_acc = accuracy(model, pool.images.subset(members), device=device)
-    phases = recipe.phase_infos(ctx.completed)
+    phases = [p.model_copy(update={"fallback_layers": c.get("fallback_layers")})  # bk mode's fallback layers
+              for p, c in zip(recipe.phase_infos(ctx.completed), ctx.completed)]
     privacy = _privacy_info(pc, phases, delta, notes)
     extra = recipe.metrics(ctx.completed)
     if world.distributed:

@@ -10,7 +10,8 @@ Building blocks (each in its own module):
 * :mod:`training.dp.csprng` — secure mode's noise, uniforms and permutations, read from ``os.urandom``;
 * :mod:`training.dp.optim` — :func:`build_optimizer` and :func:`trainable_names` (the noise order);
 * :mod:`training.dp.schedules` — :func:`lr_at`, the learning rate as a pure function of the step;
-* :mod:`training.dp.clipping`, :mod:`training.dp.canaries`, :mod:`training.dp.state`.
+* :mod:`training.dp.clipping`, :mod:`training.dp.canaries`, :mod:`training.dp.state`;
+* :mod:`training.dp.bk` and :mod:`training.dp.bk_layers` — book-keeping clipping (``grad_sample_mode: bk``).
 
 Engines: :func:`training.dp.engine.make_stepper` (Opacus: every clipping style, one model, physical chunks)
 and :mod:`training.dp.batched` (torch.func: many small models at once, flat clipping). Both draw their

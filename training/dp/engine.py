@@ -3,7 +3,8 @@
 DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016) with Opacus underneath:
 
 1. per-sample gradients of every physical chunk (``GradSampleModule``: ``hooks`` or ``functorch``; or
-   ghost clipping, ``GradSampleModuleFastGradientClipping``, which never materialises them);
+   ghost clipping, ``GradSampleModuleFastGradientClipping``, which never materialises them; or book-keeping,
+   :mod:`training.dp.bk`, per-sample norms and the clipped sum from one backward pass);
 2. clipping (flat, per-layer or automatic, see :mod:`training.dp.clipping`) and accumulation of the
    clipped sum over all chunks of the logical batch;
 3. once per logical step: the sampled white-box gradient canaries (C·u_i each) join the sum, Gaussian
@@ -142,6 +143,12 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
                                                       max_grad_norm=C, use_ghost_clipping=True)
         dp_opt = GhostDPOptimizer(base_opt, max_grad_norm=C, **dp_kwargs)
         ghost_loss = DPLossFastGradientClipping(module, dp_opt, _Criterion(loss_fn), loss_reduction="mean")
+    elif recipe.grad_sample_mode == "bk":
+        from training.dp.bk import BKDPOptimizer, BKModule
+
+        module = BKModule(model)
+        dp_opt = BKDPOptimizer(base_opt, bk=module, clipping=recipe.clipping, gamma=recipe.auto_gamma,
+                               max_grad_norm=C, **dp_kwargs)
     else:
         from opacus.grad_sample import GradSampleModule
 

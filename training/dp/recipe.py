@@ -29,7 +29,7 @@ from training.errors import ConfigError
 __all__ = ["TrainRecipe"]
 
 Clipping = Literal["flat", "per_layer", "automatic"]
-GradSampleMode = Literal["hooks", "functorch", "ghost"]
+GradSampleMode = Literal["hooks", "functorch", "ghost", "bk"]
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -57,7 +57,8 @@ class TrainRecipe:
         clipping: ``flat``, ``per_layer`` or ``automatic`` (see :mod:`training.dp.clipping`).
         auto_gamma: γ > 0 of automatic clipping.
         sampling: ``poisson`` (what the DP analysis assumes) or ``shuffle``.
-        grad_sample_mode: how Opacus computes per-sample gradients (``hooks``, ``functorch``, ``ghost``).
+        grad_sample_mode: how per-sample gradients are computed: Opacus's ``hooks``, ``functorch``, ``ghost``, or
+            book-keeping ``bk`` (:mod:`training.dp.bk`).
         secure_mode: noise resistant to floating-point attacks, seeds from the OS CSPRNG (see
             :mod:`training.dp.rng`).
         physical_batch_size: most examples whose per-example gradients are held at once (≥ 1).
@@ -90,7 +91,7 @@ class TrainRecipe:
         if not isinstance(self.optim, OptimConfig):
             raise TypeError(f"TrainRecipe.optim must be an OptimConfig, got {type(self.optim).__name__}")
         for name, allowed in (("clipping", ("flat", "per_layer", "automatic")), ("sampling", ("poisson", "shuffle")),
-                              ("grad_sample_mode", ("hooks", "functorch", "ghost"))):
+                              ("grad_sample_mode", ("hooks", "functorch", "ghost", "bk"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"TrainRecipe.{name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")

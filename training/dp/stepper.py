@@ -148,6 +148,12 @@ class Stepper:
         return self.recipe.lr_at(self._step if step is None else step)
 
     @property
+    def fallback_layers(self) -> list[str] | None:
+        """``bk`` mode: the layers whose per-sample gradients come from the exact per-layer fallback
+        (:class:`training.dp.bk.BKModule`); None in the other modes and without DP."""
+        return list(self.module.fallback_layers) if self.dp and hasattr(self.module, "fallback_layers") else None
+
+    @property
     def noise_disabled(self) -> bool:
         return bool(self.dp and self.dp_optimizer.debug_disable_noise)
 

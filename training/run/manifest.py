@@ -108,6 +108,8 @@ class PhaseInfo(_M):
     optimizer: str | None = None
     lr: float | None = None
     frozen: list[str] = Field(default_factory=list)
+    fallback_layers: list[str] | None = Field(None, description="grad_sample_mode bk: layers whose per-sample "
+                                              "gradients came from the exact per-layer fallback")
     epsilon: float | None = Field(None, description="epsilon of this phase alone (DP phases)")
 
 
