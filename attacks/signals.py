@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from training.data import to_float_tensor
+from training.data import RowArray, to_float_tensor
 
 __all__ = [
     "AugmentationSpec",
@@ -253,7 +253,7 @@ def _as_float_nchw(x: np.ndarray | Tensor) -> Tensor:
 @torch.no_grad()
 def compute_signals(
     model: nn.Module,
-    x: np.ndarray | Tensor,
+    x: np.ndarray | Tensor | RowArray,
     y: np.ndarray | Tensor,
     *,
     spec: AugmentationSpec = AugmentationSpec(),
@@ -267,7 +267,8 @@ def compute_signals(
     Args:
         model: takes float ``(N, 3, H, W)`` in [0, 1] (normalisation is inside the model), returns logits.
         x: uint8 images in the dataset layout ``(N, H, W, C)`` (scaled by 1/255), or float ``(N, C, H, W)``
-            already in [0, 1].
+            already in [0, 1], or a streamed set's :class:`~training.data.RowArray` (read through its
+            DataLoader, chunk by chunk; the same signals as its rows in memory).
         y: ``(N,)`` integer labels.
         spec: the augmentations to query.
         batch_size: examples per forward pass (each augmentation is a separate pass).
@@ -295,8 +296,12 @@ def compute_signals(
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, n, batch_size):
-            xb = _as_float_nchw(x[start: start + batch_size]).to(dev, dtype)
+        if isinstance(x, RowArray):  # a streamed pool or population: decoded by its DataLoader, in order
+            chunks = ((start, to_float_tensor(xb)) for start, xb in x.chunks(batch_size, device=dev))
+        else:
+            chunks = ((start, _as_float_nchw(x[start: start + batch_size])) for start in range(0, n, batch_size))
+        for start, xf in chunks:
+            xb = xf.to(dev, dtype)
             yb = y_t[start: start + batch_size].to(dev)
             for a, xa in enumerate(iter_augmentations(xb, spec)):
                 phi = scaled_logit(model(xa.contiguous()), yb)

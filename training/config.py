@@ -91,6 +91,10 @@ class DataConfig(Strict):
     member_prob: float = Field(0.5, gt=0.0, lt=1.0)
     membership_seed: int = Field(0, description="seed of the Bernoulli membership draw")
     download: bool = Field(False, description="allow torchvision to download (needs internet)")
+    stream: bool | Literal["auto"] = Field(
+        "auto", description="decode image files on the fly instead of holding the pool in memory (auto: when a "
+        "file-backed pool exceeds 4 GiB decoded; the test set follows the pool; array sets never stream)")
+    workers: int = Field(4, ge=0, le=256, description="DataLoader worker processes decoding a streamed set")
 
 
 class ModelConfig(Strict):

@@ -4,7 +4,8 @@ Every caller that scores a model on an :class:`~training.data.ImageSet` (the tra
 ``test/accuracy`` curve, continual pre-training's public validation loss, reference-model metrics, imported
 checkpoints, the transfer fine-tuning protocol) goes through :func:`predict` / :func:`accuracy` /
 :func:`mean_loss`. The model runs in eval mode under ``torch.no_grad()`` in chunks of ``batch_size`` images, and
-its train/eval mode is restored afterwards (also when the forward pass raises).
+its train/eval mode is restored afterwards (also when the forward pass raises). A streamed set
+(:class:`~training.data.StreamSet`) is read through its DataLoader (:mod:`training.data.stream`), chunk by chunk.
 
 >>> import numpy as np, torch
 >>> from training.data import ImageSet
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.data import ImageSet, to_float_tensor
+from training.data import ImageSet, RowArray, StreamSet, to_float_tensor
 
 __all__ = ["predict", "accuracy", "mean_loss"]
 
@@ -45,16 +46,20 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _logits(model: nn.Module, x_u8: np.ndarray, *, device: torch.device | str,
+def _logits(model: nn.Module, x_u8: np.ndarray | RowArray, *, device: torch.device | str,
             batch_size: int) -> Iterator[tuple[int, torch.Tensor]]:
     """(start row, logits) per chunk of ``batch_size`` images; call inside :func:`_eval_mode`."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if isinstance(x_u8, RowArray):  # a streamed set: its DataLoader decodes the chunks ahead of use
+        for start, xb in x_u8.chunks(int(batch_size), device=device):
+            yield start, model(to_float_tensor(xb, device))
+        return
     for start in range(0, len(x_u8), int(batch_size)):
         yield start, model(to_float_tensor(np.asarray(x_u8[start:start + batch_size])).to(device))
 
 
-def predict(model: nn.Module, x_u8: np.ndarray, *, device: torch.device | str, batch_size: int = 512) -> np.ndarray:
+def predict(model: nn.Module, x_u8: np.ndarray | RowArray, *, device: torch.device | str, batch_size: int = 512) -> np.ndarray:
     """Arg-max class (int64, shape (N,)) of ``model`` for uint8 (N, H, W, 3) images.
 
     Raises:
@@ -67,7 +72,7 @@ def predict(model: nn.Module, x_u8: np.ndarray, *, device: torch.device | str, b
     return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
 
-def accuracy(model: nn.Module, images: ImageSet | None, *, device: torch.device | str,
+def accuracy(model: nn.Module, images: ImageSet | StreamSet | None, *, device: torch.device | str,
              batch_size: int = 512) -> float | None:
     """Top-1 accuracy of ``model`` on ``images``: the share of :func:`predict` equal to ``images.y``.
 
@@ -80,7 +85,7 @@ def accuracy(model: nn.Module, images: ImageSet | None, *, device: torch.device 
     return correct / len(images)
 
 
-def mean_loss(model: nn.Module, images: ImageSet, *, device: torch.device | str, batch_size: int = 512) -> float:
+def mean_loss(model: nn.Module, images: ImageSet | StreamSet, *, device: torch.device | str, batch_size: int = 512) -> float:
     """Mean cross-entropy of ``model`` on ``images`` (NaN for an empty set)."""
     if len(images) == 0:
         return float("nan")

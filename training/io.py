@@ -30,6 +30,7 @@ __all__ = [
     "copy_file",
     "sha256_bytes",
     "fingerprint_arrays",
+    "ArrayFingerprint",
     "save_safetensors",
     "load_safetensors",
     "check_output_dir",
@@ -148,13 +149,58 @@ def sha256_file(path: str | os.PathLike[str], *, chunk: int = 1 << 20) -> str:
 
 def fingerprint_arrays(*arrays: np.ndarray) -> str:
     """sha256 over the dtype, shape and bytes of each array, in order: identifies a data pool exactly."""
-    h = hashlib.sha256()
+    fp = ArrayFingerprint()
     for a in arrays:
         a = np.ascontiguousarray(a)
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+        fp.begin(a.dtype, a.shape)
+        fp.update(a)
+    return fp.hexdigest()
+
+
+class ArrayFingerprint:
+    """:func:`fingerprint_arrays` fed in pieces: an array's header first, then its rows in chunks, in order.
+
+    The digest equals ``fingerprint_arrays`` of the whole arrays, so a pool streamed from disk in chunks (never
+    held in memory at once) gets the in-memory pool's fingerprint. ``update`` checks that each array receives
+    exactly the bytes its header announced.
+
+    >>> x = np.arange(24, dtype=np.uint8).reshape(4, 2, 3)
+    >>> fp = ArrayFingerprint()
+    >>> fp.begin(x.dtype, x.shape); fp.update(x[:1]); fp.update(x[1:])
+    >>> fp.hexdigest() == fingerprint_arrays(x)
+    True
+    """
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._left = 0
+        self._dtype: np.dtype | None = None
+
+    def begin(self, dtype: np.dtype | str, shape: tuple[int, ...]) -> None:
+        """Start the next array (its dtype and full shape); the previous one must be complete."""
+        if self._left:
+            raise ValueError(f"the previous array still lacks {self._left} bytes")
+        self._dtype = np.dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        self._h.update(str(self._dtype).encode())
+        self._h.update(str(shape).encode())
+        self._left = int(np.prod(shape, dtype=np.int64)) * self._dtype.itemsize
+
+    def update(self, chunk: np.ndarray) -> None:
+        """The next rows of the current array (C order, the announced dtype)."""
+        chunk = np.ascontiguousarray(chunk)
+        if chunk.dtype != self._dtype:
+            raise TypeError(f"chunk has dtype {chunk.dtype}, the array announced {self._dtype}")
+        if chunk.nbytes > self._left:
+            raise ValueError(f"chunk of {chunk.nbytes} bytes exceeds the {self._left} bytes left in the array")
+        self._h.update(chunk.tobytes())
+        self._left -= chunk.nbytes
+
+    def hexdigest(self) -> str:
+        """The fingerprint; every announced array must be complete."""
+        if self._left:
+            raise ValueError(f"the last array still lacks {self._left} bytes")
+        return self._h.hexdigest()
 
 
 def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any],

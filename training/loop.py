@@ -27,13 +27,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from training.accounting import RdpCurve
 from training.run.state import save_state
-from training.data import ImageSet, to_float_tensor
+from training.data import ImageSet
 from training.errors import TrainingDiverged
 from training.dp.engine import Stepper, StepStats, make_stepper
 from training.dp.optim import trainable_names
@@ -226,12 +225,11 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
         sampler = ShardedSampler(sampler, rank=ctx.world.rank, world_size=ctx.world.size,
                                  broadcast=lambda batch: broadcast_object(batch, ctx.world))
     record: dict[str, Any] | None = None
+    batches = None
     try:
-        for local in range(start, spec.steps):
-            idx = spec.rows(sampler.indices(local))
+        batches = spec.batches(sampler, start=start, device=ctx.device)  # in memory or streamed: the same batches
+        for local, (xb, yb) in zip(range(start, spec.steps), batches):
             seed_noise(generator, ctx.seed, ctx.global_step)
-            xb = to_float_tensor(spec.x[idx]).to(ctx.device)
-            yb = torch.from_numpy(np.asarray(spec.y[idx], dtype=np.int64)).to(ctx.device)
             stats = stepper.step(xb, yb)
             check_finite_loss(stats, step=ctx.global_step + 1, phase=spec.name)
             done = local + 1
@@ -263,6 +261,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
             if ctx.stopped():
                 raise KeyboardInterrupt
     finally:
+        if batches is not None:
+            batches.close()  # a streamed phase's DataLoader workers stop with it
         optimizer_state = stepper.optimizer.state_dict()
         model = stepper.close()
     return PhaseResult(record=record, optimizer_state=optimizer_state, names=names), model

@@ -16,7 +16,7 @@ the optimizer state is carried by parameter name (:func:`carry_optimizer_state`)
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from training.config import OptimConfig, PrivacyConfig
+from training.data import RowArray, to_float_tensor
 from training.dp.recipe import TrainRecipe
 from training.dp.sampling import BatchSampler, make_sampler
 from training.run.manifest import PhaseInfo
@@ -46,7 +47,8 @@ class PhaseSpec:
         name: the manifest's phase name (``"private"``, ``"non-private"``, ``"public"``, ``"lp"``, ``"fft"``).
         dp: whether the phase is DP (its steps are accounted).
         dataset: dataset name recorded in the manifest.
-        x, y: the images (uint8 NHWC) and labels of the set the phase samples from.
+        x, y: the images (uint8 NHWC; a :class:`~training.data.stream.RowArray` when the pool streams) and
+            labels of the set the phase samples from.
         index: the rows of ``x``/``y`` the phase trains on (the members, for private data); None: all rows.
         batch_size: expected logical batch size; q = batch_size / len(y).
         steps: the phase's length (the most steps it may take; also the learning-rate schedule's span).
@@ -104,6 +106,24 @@ class PhaseSpec:
         secure = self.dp and self.privacy.secure_mode
         return make_sampler(sampling=self.privacy.sampling, n=self.n, batch_size=self.batch_size,
                             seed=None if secure else self.sampler_seed)
+
+    def batches(self, sampler: BatchSampler, *, start: int, device: torch.device
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(float images, labels)`` on ``device`` for local steps ``start, start + 1, ...`` up to ``steps``.
+
+        Step t's batch is ``rows(sampler.indices(t))``, from the in-memory arrays or, when ``x`` streams
+        (:class:`~training.data.stream.RowArray`), decoded by its DataLoader from the same sampler indices, so both
+        give the same tensors; a resumed phase (``start`` > 0) gets the uninterrupted phase's batches.
+        """
+        steps = range(start, self.steps)
+        if not isinstance(self.x, RowArray):
+            for t in steps:
+                idx = self.rows(sampler.indices(t))
+                yield (to_float_tensor(self.x[idx]).to(device),
+                       torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)).to(device))
+            return
+        for xb, idx in self.x.loader((self.rows(sampler.indices(t)) for t in steps), device=device):
+            yield to_float_tensor(xb, device), torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)).to(device)
 
     def train_recipe(self, *, physical_batch_size: int) -> TrainRecipe:
         """The :class:`~training.dp.recipe.TrainRecipe` the engine runs this phase with."""

@@ -21,6 +21,7 @@ import numpy as np
 from training.canary_package import read_package
 from training.config import CanaryConfig, TrainConfig
 from training.data import ImageSet, load_pool, load_test
+from training.data.stream import StreamSet, is_streamed
 from training.errors import DataError
 
 __all__ = ["Pool", "build_pool", "draw_membership", "make_canaries"]
@@ -31,18 +32,24 @@ class Pool:
     """The training pool (real examples followed by canaries) and the test set.
 
     Attributes:
-        images: the pool; indices ``[n_real, n_real + n_canaries)`` are input canaries.
-        test: the test set (canary sources removed), or None.
+        images: the pool; indices ``[n_real, n_real + n_canaries)`` are input canaries. A
+            :class:`~training.data.stream.StreamSet` when the run streams (``data.stream``).
+        test: the test set (canary sources removed), or None; streamed when the pool is.
         n_real: number of real pool examples.
         canaries: manifest description of the canaries, or None.
         package: the auditor's canary package file read (``training.canaries.from_file``), or None.
     """
 
-    images: ImageSet
-    test: ImageSet | None
+    images: ImageSet | StreamSet
+    test: ImageSet | StreamSet | None
     n_real: int
     canaries: dict | None
     package: Path | None = None
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the pool streams from disk (:mod:`training.data.stream`) rather than sitting in memory."""
+        return is_streamed(self.images)
 
     @property
     def n_canaries(self) -> int:
@@ -96,6 +103,13 @@ def make_canaries(cfg: CanaryConfig, *, pool: ImageSet, test: ImageSet | None
     return x.astype(np.uint8), y.astype(np.int64), test, desc
 
 
+def _append(images: ImageSet | StreamSet, x: np.ndarray, y: np.ndarray) -> ImageSet | StreamSet:
+    """``images`` followed by the canaries ``(x, y)``; a streamed pool keeps them in memory beside its files."""
+    if is_streamed(images):
+        return images.appended(x, y)
+    return replace(images, x=np.concatenate([images.x, x]), y=np.concatenate([images.y, y]))
+
+
 def build_pool(cfg: TrainConfig, *, canary_package: str | os.PathLike[str] | None = None) -> Pool:
     """Load the pool and test set described by ``cfg`` and append input canaries (if any).
 
@@ -108,16 +122,16 @@ def build_pool(cfg: TrainConfig, *, canary_package: str | os.PathLike[str] | Non
         DataError: the data or the canary package cannot be loaded or does not fit the data.
     """
     images = load_pool(cfg.data)
-    test = load_test(cfg.data) if cfg.data.test_split else None
+    test = load_test(cfg.data, stream=is_streamed(images) or None) if cfg.data.test_split else None
     n_real = len(images)
     canaries = package = None
     if cfg.training.canaries.from_file is not None:
         pkg = read_package(canary_package if canary_package is not None else cfg.training.canaries.from_file,
                            num_classes=len(images.classes), image_shape=tuple(images.x.shape[1:3]))
-        images = replace(images, x=np.concatenate([images.x, pkg.x]), y=np.concatenate([images.y, pkg.y]))
+        images = _append(images, pkg.x, pkg.y)
         canaries, package = {**pkg.describe(), "first_index": n_real}, pkg.path
     elif cfg.training.canaries.count > 0:
         cx, cy, test, desc = make_canaries(cfg.training.canaries, pool=images, test=test)
-        images = replace(images, x=np.concatenate([images.x, cx]), y=np.concatenate([images.y, cy]))
+        images = _append(images, cx, cy)
         canaries = {**desc, "first_index": n_real, "inclusion": "bernoulli(1/2) via the membership mask"}
     return Pool(images=images, test=test, n_real=n_real, canaries=canaries, package=package)

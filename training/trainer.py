@@ -322,7 +322,8 @@ def _finalize(run_dir: Path, cfg: TrainConfig, *, model: torch.nn.Module, model_
         training={"recipe": cfg.training.recipe, "optimizer": cfg.optim.model_dump(mode="json"),
                   "steps": metrics["steps"], "batch_size": cfg.training.batch_size,
                   "test_accuracy": metrics["test_accuracy"], "train_accuracy": metrics["train_accuracy"], **extra},
-        seed=cfg.training.seed, config_sha256=config_sha, command=command, device=str(device))
+        seed=cfg.training.seed, config_sha256=config_sha, command=command, device=str(device),
+        streamed=pool.streamed)
     write_manifest(run_dir, manifest)
     clear_state(run_dir)
     return manifest

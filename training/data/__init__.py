@@ -5,8 +5,9 @@
 >>> len(s), sorted(set(s.y.tolist())) == list(range(10)), tuple(to_float_tensor(s.x).shape)
 (20, True, (20, 3, 8, 8))
 
-See :mod:`training.data.registry` for the names, :mod:`training.data.spec` for the contract and
-:mod:`training.data.pool` for the pool and test set a config describes.
+See :mod:`training.data.registry` for the names, :mod:`training.data.spec` for the contract,
+:mod:`training.data.pool` for the pool and test set a config describes and :mod:`training.data.stream` for
+file-backed sets that stream from disk instead of being held in memory.
 """
 
 from training.data.catalog import Catalog, limit_indices
@@ -15,9 +16,13 @@ from training.data.pool import load_pool, load_test, pool_indices
 from training.data.registry import DATASETS, load_dataset
 from training.data.safe_pickle import RestrictedUnpickler, load_restricted
 from training.data.spec import DatasetSpec, MissingData, Registry
+from training.data.stream import RowArray, StreamSet, is_streamed
 
 __all__ = [
     "ImageSet",
+    "StreamSet",
+    "RowArray",
+    "is_streamed",
     "Catalog",
     "DatasetSpec",
     "Registry",

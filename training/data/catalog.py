@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 from training.data.imageset import ImageSet, fit_image, resize_images
 from training.errors import DataError
 
-__all__ = ["Catalog", "array_catalog", "file_catalog", "limit_indices", "check_labels", "DEFAULT_DECODE_SIZE"]
+__all__ = ["Catalog", "FileFetch", "array_catalog", "file_catalog", "limit_indices", "check_labels", "DEFAULT_DECODE_SIZE"]
 
 #: Side length of images decoded from files when no ``image_size`` is given.
 DEFAULT_DECODE_SIZE = 32
@@ -52,6 +52,11 @@ class Catalog:
 
     def __len__(self) -> int:
         return len(self.y)
+
+    @property
+    def file_backed(self) -> bool:
+        """Whether rows are decoded from image files (a streamable catalog) rather than sliced from arrays."""
+        return isinstance(self.fetch, FileFetch)
 
     def take(self, indices: np.ndarray | Sequence[int] | None = None) -> ImageSet:
         """Materialise the rows at ``indices`` (all rows when None) as an :class:`ImageSet`."""
@@ -143,12 +148,27 @@ def file_catalog(*, name: str, split: str, paths: Sequence[Path], y: np.ndarray,
         raise DataError(f"{name}: {source} lists {len(paths)} files but {len(y)} labels")
     y = check_labels(name, source, y, len(classes))
     size = DEFAULT_DECODE_SIZE if image_size is None else image_size
-    files = list(paths)
-
-    def fetch(idx: np.ndarray) -> np.ndarray:
-        out = np.empty((len(idx), size, size, 3), dtype=np.uint8)
-        for j, i in enumerate(idx):
-            out[j] = decode_image(files[int(i)], size, name=name)
-        return out
-
+    fetch = FileFetch(name=name, files=tuple(paths), size=size)
     return Catalog(name=name, split=split, y=y, classes=tuple(classes), fetch=fetch, source=source)
+
+
+@dataclass(frozen=True, eq=False)
+class FileFetch:
+    """The ``fetch`` of a file-backed catalog: decodes the listed files on demand (picklable, so a
+    ``torch.utils.data`` worker process can run it; :mod:`training.data.stream`).
+
+    Attributes:
+        name: dataset name (for messages).
+        files: one path per catalog row.
+        size: side length every image is fit to.
+    """
+
+    name: str
+    files: tuple[Path, ...]
+    size: int
+
+    def __call__(self, idx: np.ndarray) -> np.ndarray:
+        out = np.empty((len(idx), self.size, self.size, 3), dtype=np.uint8)
+        for j, i in enumerate(idx):
+            out[j] = decode_image(self.files[int(i)], self.size, name=self.name)
+        return out

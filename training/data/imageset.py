@@ -178,8 +178,12 @@ def resize_images(x: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def to_float_tensor(x: np.ndarray):
+def to_float_tensor(x, device=None):
     """uint8 (N, H, W, 3) images to a float32 torch tensor (N, 3, H, W) scaled to [0, 1].
+
+    ``x`` is a NumPy array or a uint8 torch tensor (a streamed batch, :mod:`training.data.stream`); a tensor is
+    moved to ``device`` as uint8 first and converted there. Both give the same values bit for bit (uint8 to
+    float32 is exact, the division by 255 correctly rounded).
 
     Raises:
         TypeError: if ``x`` is not uint8.
@@ -187,13 +191,20 @@ def to_float_tensor(x: np.ndarray):
     """
     import torch
 
+    if isinstance(x, torch.Tensor):
+        if x.dtype != torch.uint8:
+            raise TypeError(f"to_float_tensor expects uint8 images, got {x.dtype}")
+        if x.ndim != 4 or x.shape[-1] != 3:
+            raise ValueError(f"to_float_tensor expects shape (N, H, W, 3), got {tuple(x.shape)}")
+        t = x.to(device, non_blocking=x.is_pinned()) if device is not None else x
+        return t.to(torch.float32).permute(0, 3, 1, 2).contiguous().div_(255.0)
     x = np.asarray(x)
     if x.dtype != np.uint8:
         raise TypeError(f"to_float_tensor expects uint8 images, got {x.dtype}")
     if x.ndim != 4 or x.shape[-1] != 3:
         raise ValueError(f"to_float_tensor expects shape (N, H, W, 3), got {x.shape}")
-    t = torch.from_numpy(x.astype(np.float32))
-    return t.permute(0, 3, 1, 2).contiguous().div_(255.0)
+    t = torch.from_numpy(x.astype(np.float32)).permute(0, 3, 1, 2).contiguous().div_(255.0)
+    return t if device is None else t.to(device)
 
 
 def concat_sets(sets: Sequence[ImageSet], *, split: str | None = None) -> ImageSet:

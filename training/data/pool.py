@@ -4,7 +4,8 @@ The pool is ``data.split`` of ``data.dataset``; with ``data.pool_size`` set it i
 that size: ``np.random.default_rng(pool_seed).choice(N, pool_size, replace=False)``, sorted. The test set is
 ``data.test_split``, capped at ``data.test_size`` by a seeded subset drawn the same way from
 ``np.random.default_rng([pool_seed, 1])``. Only the chosen rows are decoded, so a small pool from a huge
-image-folder dataset is cheap. Both are resized to ``data.image_size`` when it is set.
+image-folder dataset is cheap. Both are resized to ``data.image_size`` when it is set. A file-backed pool too
+large for memory is not decoded at all but streamed (``data.stream``, :mod:`training.data.stream`).
 
 >>> from training.config import DataConfig
 >>> pool = load_pool(DataConfig(dataset="digits", pool_size=100, pool_seed=3))
@@ -17,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from training.config import DataConfig
+from training.data.catalog import Catalog
 from training.data.imageset import ImageSet
+from training.data.stream import StreamSet, decide_stream
 from training.data.registry import DATASETS
 from training.errors import DataError
 
@@ -37,8 +40,19 @@ def pool_indices(n: int, size: int | None, rng: np.random.Generator | int | None
     return np.sort(np.random.default_rng(rng).choice(n, size=size, replace=False)).astype(np.int64)
 
 
-def load_pool(cfg: DataConfig) -> ImageSet:
+def _take(cat: Catalog, idx: np.ndarray, mode: bool | str, *, workers: int) -> ImageSet | StreamSet:
+    """The rows ``idx`` of ``cat``: a :class:`StreamSet` when :func:`decide_stream` says so, else decoded."""
+    nbytes = len(idx) * 3 * cat.fetch.size ** 2 if cat.file_backed else 0
+    if decide_stream(mode, file_backed=cat.file_backed, nbytes=nbytes):
+        return StreamSet.from_catalog(cat, idx, workers=workers)
+    return cat.take(idx)
+
+
+def load_pool(cfg: DataConfig) -> ImageSet | StreamSet:
     """The training pool: ``cfg.split``, optionally a ``cfg.pool_size`` subset seeded by ``cfg.pool_seed``.
+
+    A :class:`~training.data.stream.StreamSet` (the same rows, decoded on demand) when ``cfg.stream`` says the
+    pool streams (:func:`~training.data.stream.decide_stream`; the budget counts the pool alone here).
 
     Raises:
         DataError: as :func:`~training.data.load_dataset`, or if ``pool_size`` exceeds the split's size.
@@ -48,11 +62,15 @@ def load_pool(cfg: DataConfig) -> ImageSet:
     if cfg.pool_size is not None and cfg.pool_size > len(cat):
         raise DataError(f"data.pool_size={cfg.pool_size} but {cfg.dataset} split {cfg.split!r} has only {len(cat)} "
                         f"examples; lower data.pool_size or leave it unset to use them all")
-    return cat.take(pool_indices(len(cat), cfg.pool_size, cfg.pool_seed))
+    return _take(cat, pool_indices(len(cat), cfg.pool_size, cfg.pool_seed), cfg.stream, workers=cfg.workers)
 
 
-def load_test(cfg: DataConfig) -> ImageSet | None:
+def load_test(cfg: DataConfig, *, stream: bool | None = None) -> ImageSet | StreamSet | None:
     """The test set: ``cfg.test_split`` capped at ``cfg.test_size`` examples; None when ``test_split`` is None.
+
+    Args:
+        cfg: the data config.
+        stream: True: stream when file-backed (the pool streams); None: decide by ``cfg.stream`` alone.
 
     Raises:
         DataError: as :func:`~training.data.load_dataset`, or if the test split is the training split
@@ -66,4 +84,5 @@ def load_test(cfg: DataConfig) -> ImageSet | None:
                         "choose another split or set data.test_split: null")
     cat = spec.catalog(cfg.root, cfg.test_split, cfg.image_size, cfg.download)
     size = None if cfg.test_size is None or cfg.test_size >= len(cat) else cfg.test_size
-    return cat.take(pool_indices(len(cat), size, np.random.default_rng([cfg.pool_seed, 1])))
+    idx = pool_indices(len(cat), size, np.random.default_rng([cfg.pool_seed, 1]))
+    return _take(cat, idx, True if stream else cfg.stream, workers=cfg.workers)

@@ -21,13 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.config import DataConfig
-from training.data import ImageSet, load_pool, load_test
+from training.data import ImageSet, RowArray, load_pool, load_test
 from training.errors import DataError
 
 __all__ = ["PublicData", "overlap_mask", "load_public"]
 
 
-def _row_digests(x: np.ndarray) -> list[bytes]:
+def _row_digests(x: np.ndarray | RowArray) -> list[bytes]:
+    if isinstance(x, RowArray):  # a streamed set: digested chunk by chunk, never held whole
+        return [d for _, chunk in x.chunks() for d in _row_digests(chunk.numpy())]
     flat = np.ascontiguousarray(x).reshape(len(x), -1)
     return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in flat]
 

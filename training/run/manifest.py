@@ -91,6 +91,8 @@ class DataInfo(_M):
     membership: MembershipInfo
     nonmember_split: str | None = Field(None, description="external checkpoints: split whose examples are OUT")
     canaries: dict[str, Any] | None = None
+    streamed: bool | None = Field(None, description="the pool was decoded from files on the fly "
+                                  "(data.stream, training.data.stream) rather than held in memory; None: not recorded")
 
 
 class PhaseInfo(_M):
@@ -221,7 +223,7 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
                    membership_sha256: str, privacy: PrivacyInfo, training: Mapping[str, Any],
                    frozen: Sequence[str] = (), notes: Sequence[str] = (), canaries: Mapping[str, Any] | None = None,
                    nonmember_split: str | None = None, seed: int | None = None, config_sha256: str | None = None,
-                   command: str | None = None, device: str | None = None) -> Manifest:
+                   command: str | None = None, device: str | None = None, streamed: bool | None = None) -> Manifest:
     """The manifest of a run directory whose weights and membership file are already written.
 
     The one builder behind ``audit train``, the batched reference-model trainer and ``audit import``: it fills
@@ -241,6 +243,7 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
         canaries: the input canaries' description (:func:`training.pool.build_pool`).
         nonmember_split: imported checkpoints: the split whose examples are OUT.
         seed, config_sha256, command, device: provenance; ``config_sha256`` None means no ``config.yaml``.
+        streamed: whether the pool streamed from disk (:mod:`training.data.stream`); None: not recorded.
 
     >>> from training.config import DataConfig, ModelConfig
     >>> man = build_manifest(run_name="r", model=ModelConfig(arch="small_cnn"), num_classes=10,
@@ -267,7 +270,7 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
                         frozen=list(frozen), notes=list(notes)),
         data=DataInfo(**d, pool_size=membership.n_pool, pool_fingerprint=pool_fingerprint,
                       membership_sha256=membership_sha256, membership=membership, nonmember_split=nonmember_split,
-                      canaries=None if canaries is None else dict(canaries)),
+                      canaries=None if canaries is None else dict(canaries), streamed=streamed),
         privacy=privacy,
         training=dict(training),
         provenance=Provenance(package_version=_package_version(), git_commit=_git_commit(), **_versions(),
