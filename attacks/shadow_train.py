@@ -44,8 +44,9 @@ EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "ray")
 
 
 def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int,
-                     input_shape: tuple[int, int, int]) -> str:
-    """The executor that will train the models (``auto`` resolved).
+                     input_shape: tuple[int, int, int], streamed: bool = False) -> str:
+    """The executor that will train the models (``auto`` resolved; a pool that streams from disk,
+    :mod:`training.data.stream`, is not copied into memory by ``auto``: the trainer streams it per model).
 
     Raises:
         ConfigError: ``batched`` was asked for a recipe it cannot follow (the message says why), or an
@@ -53,8 +54,8 @@ def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int,
     """
     if requested not in EXECUTORS:
         raise ConfigError(f"attack.executor must be one of {', '.join(EXECUTORS)}; got {requested!r}")
-    if requested in ("sequential", "ray"):
-        return requested
+    if requested in ("sequential", "ray") or (requested == "auto" and streamed):
+        return "sequential" if requested == "auto" else requested
     reason = batched_unsupported(recipe, num_classes=num_classes, input_shape=input_shape)
     if requested == "batched" and reason is not None:
         raise ConfigError(f"attack.executor=batched cannot train these reference models: {reason}; "

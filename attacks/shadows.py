@@ -32,6 +32,7 @@ import numpy as np
 
 from attacks.recipe import shadow_recipe
 from attacks.shadow_train import resolve_executor, train_shadow_models
+from training.data import is_streamed
 from training.device import resolve_device
 from training.errors import CheckpointError, ConfigError, UserError
 from training.io import read_json, sha256_file, write_json, write_npy
@@ -253,7 +254,8 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
     if todo:
         index = {**index, "models": [{"dir": str(k)} if k in todo else m for k, m in enumerate(index["models"])]}
         shape = tuple(target.pool.input_shape)
-        chosen = resolve_executor(executor, recipe=recipe, num_classes=len(target.pool.classes), input_shape=shape)
+        chosen = resolve_executor(executor, recipe=recipe, num_classes=len(target.pool.classes), input_shape=shape,
+                                  streamed=is_streamed(target.pool))
         say(f"training {len(todo)} of {n_models} reference models ({chosen}, {recipe.steps} steps each)")
         t0 = time.perf_counter()
         train_shadow_models(recipe=recipe, pool=target.pool, test=target.population, keep=keep,

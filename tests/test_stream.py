@@ -260,3 +260,35 @@ def test_corrupt_file_mid_stream_is_one_line_naming_the_file(tmp_path, workers):
     with pytest.raises(DataError) as err:  # 9 batches: decoded by the worker processes when there are any
         accuracy(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(3)), pool, device="cpu", batch_size=4)
     assert str(err.value) == message
+
+
+# ----------------------------------------------------------------------------------------- audit attack
+
+
+def test_attack_on_a_streamed_run_equals_in_memory(tmp_path):
+    from attacks.config import AttackConfig
+    from attacks.recipe import shadow_recipe
+    from attacks.runner import run_attack
+    from attacks.shadow_train import resolve_executor
+    from training.run import open_run
+
+    root = make_inat(tmp_path / "data")
+    plain = {"privacy.enabled": False, "privacy.noise_multiplier": None, "training.eval_every": 0}
+    scores = {}
+    for stream in (False, True):
+        target = train(inat_cfg(root, tmp_path / str(stream), **plain, **{"data.stream": stream, "data.workers": 0}))
+        config = AttackConfig(n_reference=4, n_bootstrap=10, population=6, evaluation="both", flip=True, shifts=0,
+                              executor="sequential", device="cpu", attacks=("lira_online", "rmia_offline"))
+        result = run_attack(run_dir=target.run_dir, config=config, progress=False)
+        with np.load(target.run_dir / "signals.npz") as f:
+            scores[stream] = {k: f[k] for k in f.files}
+        shadows = sorted((target.run_dir / "shadows").glob("*/manifest.json"))
+        assert len(shadows) == 4
+        run = open_run(target.run_dir)
+        recipe = shadow_recipe(config=run.config, manifest=run.manifest)
+        chosen = resolve_executor("auto", recipe=recipe, num_classes=3, input_shape=(3, 8, 8), streamed=stream)
+        assert chosen == ("sequential" if stream else "batched")  # auto never copies a streamed pool into memory
+        assert result is not None
+    assert scores[True].keys() == scores[False].keys()
+    for k in set(scores[False]) - {"key", "content_sha256"}:  # the key hashes the config (data.stream differs)
+        np.testing.assert_array_equal(scores[True][k], scores[False][k], err_msg=k)
