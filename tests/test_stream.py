@@ -292,3 +292,22 @@ def test_attack_on_a_streamed_run_equals_in_memory(tmp_path):
     assert scores[True].keys() == scores[False].keys()
     for k in set(scores[False]) - {"key", "content_sha256"}:  # the key hashes the config (data.stream differs)
         np.testing.assert_array_equal(scores[True][k], scores[False][k], err_msg=k)
+
+
+def test_cli_train_with_a_corrupt_file_mid_stream(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from audit.cli import main
+
+    root = make_inat(tmp_path / "data")
+    (root / "2021_valid" / INAT[2] / "001.png").write_bytes(b"not a png")  # decoded only when evaluating
+    cfg = inat_cfg(root, tmp_path / "runs", **{"data.stream": True, "data.workers": 2,
+                                               "privacy.enabled": False, "privacy.noise_multiplier": None})
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    r = CliRunner().invoke(main, ["train", str(path), "--no-progress"])
+    err = r.stderr.strip()
+    assert r.exit_code == 2 and err.startswith("error:") and "\n" not in err and "Traceback" not in err, r.output
+    assert "001.png" in err and "cannot decode image" in err
+    assert not (cfg.run_dir() / "manifest.json").exists()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from audit.report.inputs import RunFiles
+from training.data import is_streamed
 from training.errors import UserError
 
 __all__ = ["PoolImages", "load_pool_images", "thumbnail_uri"]
@@ -22,7 +23,8 @@ __all__ = ["PoolImages", "load_pool_images", "thumbnail_uri"]
 
 @dataclass(frozen=True, kw_only=True)
 class PoolImages:
-    """The training pool: ``x`` uint8 (N, H, W, 3), ``y`` int (N,), class names."""
+    """The training pool: ``x`` uint8 (N, H, W, 3) (a lazy :class:`~training.data.RowArray` for a streamed
+    pool), ``y`` int (N,), class names."""
 
     x: np.ndarray
     y: np.ndarray
@@ -44,7 +46,8 @@ def load_pool_images(run: RunFiles) -> tuple[PoolImages | None, str]:
         pool = run.run.pool
     except (UserError, OSError) as exc:
         return None, f"the pool could not be re-loaded ({exc})"
-    return PoolImages(x=np.asarray(pool.x), y=np.asarray(pool.y), classes=tuple(pool.classes)), ""
+    x = pool.x if is_streamed(pool) else np.asarray(pool.x)  # a streamed pool decodes only the thumbnails' rows
+    return PoolImages(x=x, y=np.asarray(pool.y), classes=tuple(pool.classes)), ""
 
 
 def thumbnail_uri(image: np.ndarray, *, size: int = 64) -> str:
