@@ -269,7 +269,7 @@ class StreamSet:
     classes: tuple[str, ...]
     name: str
     split: str
-    _memo: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    _memo: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         y = np.asarray(self.y).astype(np.int64, copy=False)
