@@ -148,7 +148,26 @@ def test_streamed_pool_equals_in_memory_pool(tmp_path, fmt, workers):
             assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
 
 
-def test_stream_decision_array_sets_and_budget(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fingerprint_over_many_chunks_equals_in_memory(tmp_path, monkeypatch, workers):
+    import training.data.stream as stream
+
+    make_places(tmp_path, n=23)
+    cfg = DataConfig(dataset="places365", root=str(tmp_path), split="train", test_split=None, image_size=5,
+                     workers=workers)
+    mem = load_pool(cfg.model_copy(update={"stream": False}))
+    monkeypatch.setattr(stream, "CHUNK_ROWS", 4)  # 6 chunks, the last one short
+    st = load_pool(cfg.model_copy(update={"stream": True}))
+    assert [len(c) for _, c in st.x.chunks()] == [4, 4, 4, 4, 4, 3]
+    assert st.fingerprint() == mem.fingerprint()
+    canaries = np.full((2, 5, 5, 3), 9, np.uint8)
+    both = st.appended(canaries, [0, 1])
+    assert both.fingerprint() == fingerprint_arrays(np.concatenate([mem.x, canaries]),
+                                                    np.concatenate([mem.y, [0, 1]]))
+    assert both.fingerprint() != st.fingerprint()
+
+
+def test_stream_decision_array_sets_and_budget(tmp_path, monkeypatch):
     x = np.random.default_rng(0).integers(0, 256, (20, 8, 8, 3), dtype=np.uint8)
     np.savez(tmp_path / "d.npz", x=x, y=np.arange(20) % 4)
     array_set = load_pool(DataConfig(dataset="npz", root=str(tmp_path / "d.npz"), test_split=None, stream=True))
@@ -160,6 +179,11 @@ def test_stream_decision_array_sets_and_budget(tmp_path):
     make_inat(tmp_path / "inat", per_class=2, valid=1)
     small = load_pool(DataConfig(dataset="inat2021", root=str(tmp_path / "inat"), split="train_mini"))
     assert isinstance(small, ImageSet)  # auto: 6 tiny images fit the budget
+    import training.data.stream as stream
+
+    monkeypatch.setattr(stream, "MEMORY_BUDGET_BYTES", 6 * 32 * 32 * 3 - 1)  # one byte short of the pool
+    large = load_pool(DataConfig(dataset="inat2021", root=str(tmp_path / "inat"), split="train_mini"))
+    assert isinstance(large, StreamSet) and large.fingerprint() == small.fingerprint()
     with pytest.raises(ValueError, match="true, false or auto"):
         decide_stream("yes", file_backed=True, nbytes=1)
 

@@ -47,9 +47,10 @@ MEMORY_BUDGET_BYTES = 4 * 2**30
 CHUNK_ROWS = 256
 
 
-def decide_stream(mode: bool | str, *, file_backed: bool, nbytes: int, budget: int = MEMORY_BUDGET_BYTES) -> bool:
+def decide_stream(mode: bool | str, *, file_backed: bool, nbytes: int, budget: int | None = None) -> bool:
     """Whether a split streams: never for array-backed data (npz, CIFAR, SVHN: already in memory, the fast path);
-    for file-backed data when ``mode`` is True, or ``"auto"`` and its decoded pixels exceed ``budget`` bytes.
+    for file-backed data when ``mode`` is True, or ``"auto"`` and its decoded pixels exceed ``budget`` bytes
+    (default :data:`MEMORY_BUDGET_BYTES`).
 
     Raises:
         ValueError: ``mode`` is not True, False or ``"auto"``.
@@ -58,7 +59,7 @@ def decide_stream(mode: bool | str, *, file_backed: bool, nbytes: int, budget: i
         raise ValueError(f"data.stream must be true, false or auto, got {mode!r}")
     if not file_backed or mode is False:
         return False
-    return mode is True or nbytes > budget
+    return mode is True or nbytes > (MEMORY_BUDGET_BYTES if budget is None else budget)
 
 
 def is_streamed(images: Any) -> bool:
@@ -234,9 +235,11 @@ class RowArray:
         finally:
             del it  # shuts the worker processes down, also when the consumer stops early
 
-    def chunks(self, batch_size: int = CHUNK_ROWS, *, device: torch.device | str | None = None
+    def chunks(self, batch_size: int | None = None, *, device: torch.device | str | None = None
                ) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(first row, uint8 tensor)`` for consecutive rows, ``batch_size`` at a time, in order."""
+        """``(first row, uint8 tensor)`` for consecutive rows, ``batch_size`` (default :data:`CHUNK_ROWS`) at a
+        time, in order."""
+        batch_size = CHUNK_ROWS if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         starts = range(0, len(self), int(batch_size))
