@@ -294,6 +294,9 @@ def test_attack_on_a_streamed_run_equals_in_memory(tmp_path):
     from attacks.recipe import shadow_recipe
     from attacks.runner import run_attack
     from attacks.shadow_train import resolve_executor
+    from audit.report.build import provenance_section
+    from audit.report.images import load_pool_images
+    from audit.report.inputs import load_run
     from training.run import open_run
 
     root = make_inat(tmp_path / "data")
@@ -312,6 +315,13 @@ def test_attack_on_a_streamed_run_equals_in_memory(tmp_path):
         recipe = shadow_recipe(config=run.config, manifest=run.manifest)
         chosen = resolve_executor("auto", recipe=recipe, num_classes=3, input_shape=(3, 8, 8), streamed=stream)
         assert chosen == ("sequential" if stream else "batched")  # auto never copies a streamed pool into memory
+        files = load_run(target.run_dir)
+        dataset = dict(provenance_section(files, {k: k for k in ("train", "attack", "epsilon", "transfer",
+                                                                   "report")}).items)["dataset"]
+        assert dataset.endswith("streamed from disk)") == stream
+        images, _ = load_pool_images(files)
+        assert isinstance(images.x, RowArray) == stream  # thumbnails of a streamed pool: only their rows decoded
+        np.testing.assert_array_equal(images.x[[3, 1]], target.pool.images.x[[3, 1]])
         assert result is not None
     assert scores[True].keys() == scores[False].keys()
     for k in set(scores[False]) - {"key", "content_sha256"}:  # the key hashes the config (data.stream differs)

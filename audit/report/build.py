@@ -282,7 +282,8 @@ def provenance_section(run: RunFiles, commands: dict[str, str]) -> ProvenanceSec
         ("config sha256", pv.config_sha256), ("original command", pv.command),
         ("model", f"{md.arch} ({md.param_count:,} parameters, {md.trainable_param_count:,} trained)"),
         ("weights sha256", md.weights_sha256),
-        ("dataset", f"{dt.dataset} / {dt.split} (pool of {dt.pool_size:,})"),
+        ("dataset", f"{dt.dataset} / {dt.split} (pool of {dt.pool_size:,}"
+                    f"{', streamed from disk' if dt.streamed else ''})"),
         ("pool fingerprint", dt.pool_fingerprint), ("membership sha256", dt.membership_sha256),
     ]
     if run.attack is not None and run.attack.setup.recipe_hash:
