@@ -66,6 +66,7 @@ def _task(task: dict[str, Any], shared: dict[str, Any]) -> list[int]:
     import torch
 
     from attacks.shadow_train import train_shadow_models
+    from training.device import resolve_device
 
     torch.set_num_threads(task["threads"])
     root = Path(shared["root"])
@@ -78,7 +79,7 @@ def _task(task: dict[str, Any], shared: dict[str, Any]) -> list[int]:
             shutil.rmtree(mine, ignore_errors=True)
         elif left.exists() and not mine.exists():  # resume what an interrupted in-process run left
             os.replace(left, mine)
-    device = "cuda" if ray.get_gpu_ids() else "cpu"
+    device = resolve_device("auto") if ray.get_gpu_ids() else torch.device("cpu")
     train_shadow_models(recipe=shared["recipe"], pool=shared["pool"], test=shared["test"], keep=shared["keep"],
                         seeds=shared["seeds"], todo=todo, root=root, target_name=shared["target_name"],
                         executor=task["kind"], device=device, max_models_per_batch=None,

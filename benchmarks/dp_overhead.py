@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from training.device import resolve_device, synchronize  # noqa: E402
 from training.config import ModelConfig, OptimConfig, PrivacyConfig  # noqa: E402
 from training.dp.engine import make_stepper  # noqa: E402
 from training.dp.recipe import TrainRecipe  # noqa: E402
@@ -56,7 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     repeats = 4 if args.quick else args.repeats
     warnings.filterwarnings("ignore")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device("auto")
     g = torch.Generator().manual_seed(0)
     x = torch.rand(args.batch, 3, 32, 32, generator=g).to(device)
     y = torch.randint(0, 10, (args.batch,), generator=g).to(device)
@@ -70,12 +71,10 @@ def main() -> None:
             t_dp, t_plain = [], []
             for _ in range(repeats):
                 for s, out in ((dp, t_dp), (plain, t_plain)):
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
+                    synchronize(device)
                     t0 = time.perf_counter()
                     s.step(x, y)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
+                    synchronize(device)
                     out.append(time.perf_counter() - t0)
             md, mp = statistics.median(t_dp), statistics.median(t_plain)
             rows.append((name, count_parameters(built.module)[1], mode, mp * 1e3, md * 1e3, md / mp))

@@ -17,6 +17,7 @@ The Opacus side replays :func:`training.loop.run_phase`'s per-step calls: batch 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from training.config import OptimConfig
+from training.config import AugmentConfig, EMAConfig, OptimConfig
 from training.dp.batched import train_many, train_one
 from training.dp.engine import make_stepper
 from training.dp.recipe import TrainRecipe
@@ -143,3 +144,72 @@ def test_engines_give_the_same_distribution_of_noisy_updates(data):
         assert abs(np.sqrt(var) - 1) < 0.03  # per-coordinate std over seeds = σC/B
         assert abs(z.mean()) < 4 / np.sqrt(z.size)  # centred on the noiseless update
     assert ks_ab.pvalue > 1e-3 and ks_a.pvalue > 1e-3 and ks_b.pvalue > 1e-3
+
+
+def opacus_train_augmented(model: nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, *, seed: int,
+                           physical: int) -> dict[str, torch.Tensor]:
+    """:func:`opacus_train` plus the loop's per-step augmentation stream; returns the model as the loop saves it
+    (``stepper.close()``: the EMA weights when the recipe averages them)."""
+    import dataclasses
+
+    from training.dp.rng import augment_generator
+
+    recipe = dataclasses.replace(recipe, physical_batch_size=physical)
+    sampler = make_sampler(sampling=recipe.sampling, n=len(y), batch_size=recipe.batch_size, seed=seed)
+    generator = torch.Generator()
+    stepper = make_stepper(model=model, recipe=recipe, sample_rate=sampler.sample_rate, generator=generator,
+                           device="cpu")
+    for t in range(recipe.steps):
+        idx = torch.from_numpy(sampler.indices(t))
+        seed_noise(generator, seed, t)
+        stepper.step(x[idx], y[idx], augment_generator=augment_generator(seed, t))
+    return {k: v.detach().clone() for k, v in stepper.close().state_dict().items()}
+
+
+AUGMENTED = {
+    "crop+flip": dict(augment=AugmentConfig(crop_padding=1, flip=True)),
+    "crop+flip, zeros, x3 copies": dict(augment=AugmentConfig(crop_padding=1, padding_mode="zeros", flip=True,
+                                                             multiplicity=3)),
+    "smoothing + EMA": dict(label_smoothing=0.1, ema=EMAConfig(decay=0.9)),
+    "all": dict(augment=AugmentConfig(crop_padding=2, flip=True, multiplicity=2), label_smoothing=0.2,
+                ema=EMAConfig(decay=0.8, warmup=False)),
+}
+
+
+@pytest.mark.parametrize("dp", [True, False], ids=["dp", "non-dp"])
+@pytest.mark.parametrize("name", list(AUGMENTED))
+def test_engines_agree_with_augmentation_smoothing_and_ema(data, name, dp):
+    """σ = 0, Poisson batches: the Opacus engine (as the loop drives it) and both batched-engine executors give the
+    same model for the same seed with the recipe's augmentation, multiplicity, label smoothing and EMA."""
+    x, y = data
+    model0 = tiny_model()
+    recipe = TrainRecipe(steps=5, batch_size=N // 2, optim=OPTIMS["sgd"], noise_multiplier=0.0, max_grad_norm=0.05,
+                         dp=dp, physical_batch_size=4, **AUGMENTED[name])
+    a = opacus_train_augmented(copy.deepcopy(model0), x, y, recipe, seed=5, physical=5)
+    factory = functools.partial(copy.deepcopy, model0)
+    b = train_many(model_factory=factory, x=x, y=y, masks=np.ones((2, N), dtype=bool), seeds=[5, 6], recipe=recipe,
+                   executor="batched")[0]
+    c = train_one(model_factory=factory, x=x, y=y, mask=np.ones(N, dtype=bool), seed=5, recipe=recipe,
+                  per_example="loop")
+    plain = opacus_train_augmented(copy.deepcopy(model0), x, y, dataclasses.replace(
+        recipe, augment=AugmentConfig(), label_smoothing=0.0, ema=EMAConfig()), seed=5, physical=5)
+    print(f"\n[agreement {name} dp={dp}] max |opacus - batched| = {max_diff(a, b):.2e}, |opacus - loop| = "
+          f"{max_diff(a, c):.2e}, effect of the options {max_diff(a, plain):.2e}")
+    assert max_diff(a, b) < 1e-6 and max_diff(a, c) < 1e-6
+    assert max_diff(a, plain) > 1e-4  # the options change the model: they really ran in all three
+
+
+def test_multiplicity_averages_copies_before_clipping(data):
+    """One DP step, lr 1, σ = 0, q = 1, M = 2 identical copies (no transform): the update equals M = 1's (an example's
+    gradient is the mean of its copies' gradients, not their sum, so clipping and the sensitivity C are unchanged).
+    That the mean is taken *before* clipping with distinct copies is the agreement above with ``train_one``'s
+    ``per_example="loop"`` reference, which clips the gradient of each example's mean loss over its copies."""
+    x, y = data
+    model0 = tiny_model()
+    base = TrainRecipe(steps=1, batch_size=N, optim=OptimConfig(name="sgd", lr=1.0), noise_multiplier=0.0,
+                       max_grad_norm=0.01)
+    one = opacus_train_augmented(copy.deepcopy(model0), x, y, base, seed=0, physical=7)
+    two = opacus_train_augmented(copy.deepcopy(model0), x, y, dataclasses.replace(
+        base, augment=AugmentConfig(multiplicity=2)), seed=0, physical=7)
+    assert max_diff(one, two) < 1e-6
+    assert max_diff(one, model0.state_dict()) > 1e-4

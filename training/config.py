@@ -11,15 +11,14 @@ validation. Each model validates itself; the resolved config is saved in every r
 
 from __future__ import annotations
 
-import copy
-import difflib
 import os
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, ValidationError,
+                      ValidationInfo, field_validator, model_serializer, model_validator)
 from pydantic_core import PydanticCustomError
 
 from training.errors import ConfigError
@@ -37,6 +36,8 @@ __all__ = [
     "CanaryConfig",
     "GradientCanaryConfig",
     "HessianLogConfig",
+    "AugmentConfig",
+    "EMAConfig",
     "ContinualConfig",
     "FinetuneConfig",
     "TrainingConfig",
@@ -184,6 +185,41 @@ class HessianLogConfig(Strict):
     batch_size: int = Field(256, gt=0)
 
 
+class AugmentConfig(Strict):
+    """Training-time augmentation, applied on the device to each step's tensor batch (:mod:`training.augment`).
+
+    Every example of a step gets its own random translation by (dy, dx), each uniform in [-crop_padding,
+    crop_padding] (a random crop of the image padded by ``crop_padding``), and a horizontal flip with probability
+    1/2; the draws come from the run's seeded stream of that step (``derive_seed(seed, AUGMENT, step)``), so a
+    resumed run repeats them. ``multiplicity`` K > 1 (De et al. 2022, "Unlocking High-Accuracy Differentially
+    Private Image Classification through Scale") trains on K augmented copies of every sampled example and
+    averages the copies' gradients into that example's gradient *before* clipping: the example still
+    contributes one clipped gradient, so the DP analysis is unchanged. Signals never see this augmentation
+    (LiRA's queries are ``attack.augmentations``)."""
+
+    crop_padding: int = Field(0, ge=0, le=64, description="random-crop padding in pixels (0: no crop; CIFAR: 4)")
+    padding_mode: Literal["reflect", "zeros"] = Field(
+        "reflect", description="how the crop's border is filled: mirror of the image (reflect) or black (zeros)")
+    flip: bool = Field(False, description="random horizontal flip with probability 1/2")
+    multiplicity: int = Field(1, ge=1, le=64, description="augmented copies per example, gradients averaged "
+                              "before clipping (De et al. 2022); 1: one copy")
+
+    @property
+    def active(self) -> bool:
+        """Whether any example is transformed."""
+        return self.crop_padding > 0 or self.flip
+
+
+class EMAConfig(Strict):
+    """Exponential moving average of the weights, θ_ema ← d·θ_ema + (1 − d)·θ after every step; with EMA on,
+    the EMA weights are what is evaluated, saved as the model and audited (DP: post-processing, the claim is
+    unchanged)."""
+
+    decay: float | None = Field(None, gt=0.0, lt=1.0, description="EMA decay d (None: no EMA; e.g. 0.999)")
+    warmup: bool = Field(True, description="use min(d, (1 + t) / (10 + t)) at step t, so short runs are not "
+                         "dominated by the initial weights")
+
+
 class ContinualConfig(Strict):
     """DP continual pre-training (Bu et al. 2024): public non-DP phase, then private DP phase."""
 
@@ -233,6 +269,15 @@ class TrainingConfig(Strict):
     hessian: HessianLogConfig = Field(default_factory=HessianLogConfig)
     continual: ContinualConfig = Field(default_factory=ContinualConfig)
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the cross-entropy loss")
+    ema: EMAConfig = Field(default_factory=EMAConfig)
+    channels_last: bool = Field(False, description="channels-last memory format for model and batches (GPU convs)")
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        "fp32", description="tf32: TF32 matmuls on CUDA; bf16: bfloat16 autocast. Only non-DP phases and "
+        "evaluation use them: DP phases compute per-sample gradients and clip in strict fp32")
+    compile: bool = Field(False, description="torch.compile the model of non-DP phases and evaluation; falls back "
+                          "with a warning when compiling fails")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -240,7 +285,28 @@ class TrainingConfig(Strict):
             raise ValueError("set training.steps or training.epochs")
         if self.steps is not None and self.epochs is not None:
             raise ValueError("give training.steps or training.epochs, not both")
+        if self.ema.decay is not None and self.recipe != "standard":
+            raise ValueError(f"training.ema applies to training.recipe: standard only, got {self.recipe!r}")
+        if self.ema.decay is not None and self.gradient_canaries.count:
+            raise ValueError("training.ema cannot be combined with training.gradient_canaries: the white-box audit "
+                             "needs the final weights of the DP steps themselves, not their average")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_new_defaults(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        """Leave the options added after the first release out of the dump while they hold their defaults, so the
+        resolved ``config.yaml`` (and its sha256, which resume and completed-run checks compare) of a config that
+        does not use them is byte-identical to what earlier versions wrote."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in _OMIT_AT_DEFAULT:
+                if key in data and getattr(self, key) == TrainingConfig.model_fields[key].get_default(
+                        call_default_factory=True):
+                    del data[key]
+        return data
+
+
+_OMIT_AT_DEFAULT = ("augment", "label_smoothing", "ema", "channels_last", "precision", "compile")
 
 
 class TrainConfig(Strict):
@@ -277,146 +343,8 @@ class TrainConfig(Strict):
 
 # ----------------------------------------------------------------------------------------- loading
 
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (YAML would keep the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, typing.Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (YAML would silently keep the last value)", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def safe_load_yaml(text: str | bytes) -> Any:
-    """``yaml.safe_load`` of ``text`` (bytes must be UTF-8), refusing duplicate keys; builds no Python objects.
-
-    >>> safe_load_yaml("{a: 1, b: [2, 3]}")
-    {'a': 1, 'b': [2, 3]}
-    >>> safe_load_yaml("{a: 1, a: 2}")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    yaml.constructor.ConstructorError: duplicate key 'a' (YAML would silently keep the last value)
-    ...
-    """
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except RecursionError:  # "[[[[...]]]]" nested deeper than the parser's stack
-        raise yaml.YAMLError("nested too deeply to be a config") from None
-
-
-def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML mapping with ``yaml.safe_load``; a missing or malformed file is a :class:`ConfigError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path} (pass a YAML file, e.g. eval_configs/quickstart.yaml)")
-    try:
-        data = safe_load_yaml(path.read_bytes())
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc
-        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
-    if data is None:
-        raise ConfigError(f"config file {path} is empty; it must hold a mapping of sections")
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
-    return data
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``a.b.c=value`` into (["a", "b", "c"], value); the value is read as YAML (numbers, lists, null).
-
-    >>> parse_override("privacy.target_epsilon=4")
-    (['privacy', 'target_epsilon'], 4)
-    """
-    if "=" not in text:
-        raise ConfigError(f"--set expects KEY=VALUE (e.g. privacy.target_epsilon=4), got {text!r}")
-    key, raw = text.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
-        raise ConfigError(f"--set has an empty key in {text!r}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
-    return parts, value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...] | dict[str, Any]) -> dict[str, Any]:
-    """Return a deep copy of ``data`` with dotted overrides applied (``["a.b=1"]`` or ``{"a.b": 1}``)."""
-    out = copy.deepcopy(data)
-    items = (
-        [(k.split("."), v) for k, v in overrides.items()]
-        if isinstance(overrides, dict)
-        else [parse_override(o) for o in overrides]
-    )
-    for parts, value in items:
-        node = out
-        for p in parts[:-1]:
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"cannot set {'.'.join(parts)}: {p} is a value, not a section")
-            node = nxt
-        node[parts[-1]] = value
-    return out
-
-
-def _unwrap_model(annotation: Any) -> Any:
-    """The BaseModel class inside ``X``, ``X | None``, ``list[X]``, ``tuple[X, ...]`` or ``dict[str, X]``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _unwrap_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The config class that owns the last element of ``loc`` (for listing valid keys)."""
-    current: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int):  # a list item: the owner is the list's element type, already unwrapped
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return None
-        current = _unwrap_model(field.annotation)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:
-    """One line naming the first problem: the dotted key, what is allowed, and what was received."""
-    msgs = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        key = ".".join(str(p) for p in loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            owner = _model_at(model, loc)
-            valid = sorted(owner.model_fields) if owner else []
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            msgs.append(f"unknown key '{key}' (valid keys here: {', '.join(valid)}){hint}")
-        elif err["type"] == "value_error":
-            msgs.append(str(err["msg"]).removeprefix("Value error, "))
-        else:
-            got = err.get("input")
-            got_s = "" if isinstance(got, dict) else f", got {got!r}"
-            msgs.append(f"{key}: {err['msg']}{got_s}")
-    return f"{source}: " + "; ".join(msgs[:3]) + (f" (+{len(msgs) - 3} more)" if len(msgs) > 3 else "")
+from training.config_io import (apply_overrides, format_validation_error, load_yaml, parse_override,  # noqa: E402
+                                safe_load_yaml)
 
 
 def validate_config(data: dict[str, Any], model: type[BaseModel] = TrainConfig, *, source: str = "config") -> Any:

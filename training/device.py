@@ -1,4 +1,8 @@
-"""Where tensors run: the one resolver of a ``device`` setting (``auto``, ``cpu``, ``cuda``, ``cuda:1``, ...)."""
+"""Where tensors run: the one resolver of a ``device`` setting (``auto``, ``cpu``, ``cuda``, ``cuda:1``, ...).
+
+Every choice of a device, and every question to the CUDA runtime, goes through this module
+(``tests/test_device.py`` greps the code base for ``.cuda(`` and hard-coded ``"cuda"`` strings elsewhere).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,9 @@ import torch
 
 from training.errors import ConfigError
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "is_cuda", "rank_device", "bind_rank", "free_memory_bytes", "synchronize"]
+
+_CUDA = "cuda"
 
 
 def resolve_device(name: str | torch.device, *, field: str = "device") -> torch.device:
@@ -22,11 +28,40 @@ def resolve_device(name: str | torch.device, *, field: str = "device") -> torch.
     if isinstance(name, torch.device):
         return name
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(_CUDA if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
         raise ConfigError(f"{field} {name!r} is not a device torch knows; use 'auto', 'cpu' or 'cuda'") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type == _CUDA and not torch.cuda.is_available():
         raise ConfigError(f"{field} is {name!r} but no CUDA device is available; use 'auto' or 'cpu'")
     return device
+
+
+def is_cuda(device: torch.device | str) -> bool:
+    """Whether ``device`` is a CUDA device."""
+    return torch.device(device).type == _CUDA
+
+
+def rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """The device of one process of a multi-process run: CUDA devices by local rank, anything else as it is."""
+    return torch.device(_CUDA, int(local_rank)) if is_cuda(device) else device
+
+
+def bind_rank(setting: str, local_rank: int) -> bool:
+    """Make CUDA device ``local_rank`` the process's current one when ``setting`` resolves to CUDA; return that."""
+    if resolve_device(setting, field="device").type != _CUDA:
+        return False
+    torch.cuda.set_device(int(local_rank))
+    return True
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory of a CUDA ``device`` in bytes (0 for other devices: ask the host instead)."""
+    return int(torch.cuda.mem_get_info(device)[0]) if is_cuda(device) else 0
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the queued work of a CUDA ``device`` (timings); nothing for other devices."""
+    if is_cuda(device):
+        torch.cuda.synchronize(device)

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from training.device import bind_rank
 from training.errors import UserError
 
 __all__ = ["World", "SINGLE", "world_from_env", "current_world", "process_group", "broadcast_object", "agree",
@@ -106,9 +107,7 @@ def process_group(world: World, *, device: str = "auto") -> Iterator[World]:
     if not world.distributed:
         yield world
         return
-    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if cuda:
-        torch.cuda.set_device(world.local_rank)
+    cuda = bind_rank(device, world.local_rank)
     torch.distributed.init_process_group(backend="nccl" if cuda else "gloo", rank=world.rank,
                                          world_size=world.size)
     try:

@@ -30,13 +30,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.accel import FP32, Accel
 from training.accounting import RdpCurve
 from training.run.state import save_state
 from training.data import ImageSet
 from training.errors import TrainingDiverged
 from training.dp.engine import Stepper, StepStats, make_stepper
 from training.dp.optim import trainable_names
-from training.dp.rng import seed_noise
+from training.dp.rng import augment_generator, seed_noise
 from training.dp.sampling import ShardedSampler
 from training.distributed import SINGLE, World, broadcast_object
 from training.evaluate import accuracy
@@ -92,6 +93,8 @@ class RunContext:
             carries Opacus's hooks: read it under ``torch.no_grad()``), or None.
         world: the ranks training together (:mod:`training.distributed`); each takes its share of every
             logical batch. Ranks other than 0 get ``run_dir=None`` and no logger: they write nothing.
+        accel: channels-last, precision and compilation of the steps and evaluations (:mod:`training.accel`).
+        warn: called with warnings found while training (a failed ``torch.compile``), or None.
     """
 
     run_dir: Path | None
@@ -117,6 +120,8 @@ class RunContext:
     curve: RdpCurve | None = None
     on_step: Callable[[int, str, StepStats, nn.Module], None] | None = None
     world: World = SINGLE
+    accel: Accel = FP32
+    warn: Callable[[str], None] | None = None
 
     def stopped(self) -> bool:
         """True when a simulated interrupt (``stop_after``) is due."""
@@ -207,8 +212,9 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
     stepper = make_stepper(
         model=model, recipe=spec.train_recipe(physical_batch_size=ctx.physical_batch_size),
         sample_rate=spec.sample_rate, generator=generator, device=ctx.device,
-        gradient_canaries=ctx.canaries if spec.dp else None, world=ctx.world,
+        gradient_canaries=ctx.canaries if spec.dp else None, world=ctx.world, accel=ctx.accel, warn=ctx.warn,
         _debug_disable_noise=ctx.debug_disable_noise and spec.dp)
+    augmenting = stepper.recipe.augment.active
     if stepper_state is not None:
         stepper.load_state_dict(stepper_state)
     elif previous is not None and spec.carry != "none":
@@ -230,7 +236,8 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
         batches = spec.batches(sampler, start=start, device=ctx.device)  # in memory or streamed: the same batches
         for local, (xb, yb) in zip(range(start, spec.steps), batches):
             seed_noise(generator, ctx.seed, ctx.global_step)
-            stats = stepper.step(xb, yb)
+            stats = stepper.step(xb, yb, augment_generator=augment_generator(ctx.seed, ctx.global_step)
+                                 if augmenting else None)
             check_finite_loss(stats, step=ctx.global_step + 1, phase=spec.name)
             done = local + 1
             ctx.global_step += 1
@@ -247,7 +254,9 @@ def run_phase(ctx: RunContext, spec: PhaseSpec, model: nn.Module, *, phase_index
             if ctx.on_step is not None:
                 ctx.on_step(g, spec.name, stats, stepper.base_model)
             if ctx.test is not None and len(ctx.test) and ctx.eval_every and g % ctx.eval_every == 0:
-                ctx.logger.scalar("test/accuracy", accuracy(stepper.base_model, ctx.test, device=ctx.device), g)
+                with ctx.accel.compute(dp=False, device=ctx.device):
+                    acc = accuracy(stepper.eval_model, ctx.test, device=ctx.device)
+                ctx.logger.scalar("test/accuracy", acc, g)
             if record is not None:
                 ctx.completed.append(record)
             if ctx.run_dir is not None and (g % ctx.checkpoint_every == 0 or record is not None or ctx.stopped()):
@@ -295,7 +304,8 @@ def run_phases(ctx: RunContext, model: nn.Module, next_phase: Callable[[list[dic
         if ctx.completed and ctx.completed[-1]["index"] == int(state["phase_index"]):  # stopped at a phase end
             previous = PhaseResult(record=ctx.completed[-1], optimizer_state=state["stepper"]["optimizer"],
                                    names=list(state["names"]))
-            model.load_state_dict(weights)
+            ema = state["stepper"].get("ema")
+            model.load_state_dict(ema if ema is not None else weights)  # a finished phase's model is its EMA
             weights = None
         else:
             start, stepper_state = int(state["phase_step"]), state["stepper"]

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.config import OptimConfig, PrivacyConfig
+from training.accel import ResidentImages
+from training.config import OptimConfig, PrivacyConfig, TrainingConfig
 from training.data import RowArray, to_float_tensor
 from training.dp.recipe import TrainRecipe
 from training.dp.sampling import BatchSampler, make_sampler
@@ -59,6 +60,7 @@ class PhaseSpec:
         trainable: names of the parameters trained (None: every parameter that has ``requires_grad`` now).
         carry: what happens to the previous phase's optimizer state (``none``: a fresh optimizer; ``keep``;
             ``reset_first``: keep the second moment, zero the first; ``reset_both``: fresh moments).
+        training: the training section whose augmentation, label smoothing and EMA the phase uses (None: none).
     """
 
     name: str
@@ -75,6 +77,7 @@ class PhaseSpec:
     sampler_seed: int
     trainable: tuple[str, ...] | None = None
     carry: Literal["none", "keep", "reset_first", "reset_both"] = "none"
+    training: TrainingConfig | None = None
 
     def __post_init__(self) -> None:
         if self.privacy.enabled != self.dp:
@@ -117,10 +120,9 @@ class PhaseSpec:
         """
         steps = range(start, self.steps)
         if not isinstance(self.x, RowArray):
+            images = ResidentImages(self.x, self.y, device=device)  # on the device when it fits (CIFAR-sized sets)
             for t in steps:
-                idx = self.rows(sampler.indices(t))
-                yield (to_float_tensor(self.x[idx]).to(device),
-                       torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)).to(device))
+                yield images.batch(self.rows(sampler.indices(t)))
             return
         for xb, idx in self.x.loader((self.rows(sampler.indices(t)) for t in steps), device=device):
             yield to_float_tensor(xb, device), torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)).to(device)
@@ -129,7 +131,7 @@ class PhaseSpec:
         """The :class:`~training.dp.recipe.TrainRecipe` the engine runs this phase with."""
         return TrainRecipe.from_privacy(privacy=self.privacy, optim=self.optim, steps=self.steps,
                                         batch_size=self.batch_size, noise_multiplier=self.sigma if self.dp else None,
-                                        physical_batch_size=physical_batch_size)
+                                        physical_batch_size=physical_batch_size, training=self.training)
 
     def phase_info(self, *, steps_done: int, frozen: Sequence[str], epsilon: float | None = None) -> PhaseInfo:
         """The manifest entry of this phase after ``steps_done`` steps."""

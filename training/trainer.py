@@ -32,8 +32,9 @@ from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
 from training.dp.rng import secret_seed
-from training.device import resolve_device
+from training.device import rank_device, resolve_device
 from training.distributed import World, agree, broadcast_object, current_world
+from training.accel import Accel, recipe_record
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
@@ -203,8 +204,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
                      "sampling were Poisson and is NOT a proven guarantee for this run")
 
     device = resolve_device(tc.device, field="training.device")
-    if world.distributed and device.type == "cuda":
-        device = torch.device("cuda", world.local_rank)
+    if world.distributed:
+        device = rank_device(device, world.local_rank)
     run_cfg, seed = cfg, tc.seed
     if tc.seed is None:  # secure mode (the config refuses a null seed otherwise): a secret, in memory only
         seed = broadcast_object(secret_seed() if world.is_main else None, world)  # every rank: rank 0's secret
@@ -217,7 +218,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
                      checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every if main else 0,
                      test=pool.test if main else None, delta=delta if pc.enabled else None,
                      hessian_every=tc.hessian.every if main else 0, stop_after=stop_after,
-                     debug_disable_noise=_debug_disable_noise, world=world)
+                     debug_disable_noise=_debug_disable_noise, world=world, accel=Accel.from_training(tc),
+                     warn=warn if main else None)
     recipe = RECIPES[tc.recipe](setup, ctx)
     if mode == "fresh" and main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -244,12 +246,14 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
         manifest, metrics = broadcast_object(None, world)
         return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings), pool=pool)
 
-    test_acc = accuracy(model, pool.test, device=device)
-    train_acc = accuracy(model, pool.images.subset(members), device=device)
+    with ctx.accel.compute(dp=False, device=device):
+        test_acc = accuracy(model, pool.test, device=device)
+        train_acc = accuracy(model, pool.images.subset(members), device=device)
     phases = [p.model_copy(update={"fallback_layers": c.get("fallback_layers")})  # bk mode's fallback layers
               for p, c in zip(recipe.phase_infos(ctx.completed), ctx.completed)]
     privacy = _privacy_info(pc, phases, delta, notes)
     extra = recipe.metrics(ctx.completed)
+    extra.update(recipe_record(cfg, phases, device=device))
     if world.distributed:
         extra["distributed"] = {"processes": world.size, "backend": torch.distributed.get_backend(),
                                 "noise": "added once per logical step, by rank 0 (sums all-reduced)"}

@@ -118,6 +118,7 @@ def multi_run_evidence(*, run: VerifiedRun, config: EpsilonConfig, delta: float
     from attacks.recipe import batched_unsupported, model_factory, shadow_recipe
     from training.dp.batched import train_many
     from training.data import to_float_tensor
+    from training.device import resolve_device
 
     n = config.multi_run_models // 2
     f = config.holdout_fraction
@@ -150,7 +151,7 @@ def multi_run_evidence(*, run: VerifiedRun, config: EpsilonConfig, delta: float
                                                                               replace=False)
     batch_size = max(1, round(recipe.sample_rate * members.size))
     factory = model_factory(cfg.model, num_classes=num_classes, input_shape=input_shape)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device("auto")
     t0 = time.perf_counter()
     states = train_many(
         model_factory=factory, x=to_float_tensor(x), y=torch.as_tensor(y), masks=masks,

@@ -23,11 +23,14 @@ activations in training mode with gradients enabled).
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from training.accel import FP32, Accel
 from training.dp.canaries import GradientCanaries
 from training.dp.clipping import (
     AutomaticDPOptimizer,
@@ -65,7 +68,8 @@ def _dp_incompatible_layers(model: nn.Module) -> tuple[list[nn.Module], list[str
 def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, generator: torch.Generator | None,
                  device: torch.device | str, gradient_canaries: GradientCanaries | None = None,
                  loss_fn: LossFn | None = None, input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 world: World = SINGLE, _debug_disable_noise: bool = False) -> Stepper:
+                 world: World = SINGLE, accel: Accel = FP32, warn: Callable[[str], None] | None = None,
+                 _debug_disable_noise: bool = False) -> Stepper:
     """Build the :class:`Stepper` for one training phase.
 
     Args:
@@ -86,6 +90,9 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
         input_transform: applied to every physical chunk of inputs after it moved to ``device``.
         world: the ranks that share each logical batch (:mod:`training.distributed`); each rank steps on its
             share, rank 0 alone adds canaries and noise, the sums are all-reduced.
+        accel: channels-last, precision and compilation (:mod:`training.accel`); DP steps always run in fp32
+            and are never compiled (Opacus's hooks).
+        warn: called with a warning (a failed ``torch.compile``); None: :func:`warnings.warn`.
         _debug_disable_noise: TEST ONLY, never for real runs: skip the Gaussian noise while everything else
             (clipping, canaries, scaling, accounting by the caller) is unchanged. It deliberately breaks DP
             so tests can prove the audits catch a broken implementation.
@@ -103,7 +110,7 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
         raise TypeError(f"recipe must be a TrainRecipe, got {type(recipe).__name__}")
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    model = model.to(device)
+    model = accel.prepare(model.to(device))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ConfigError("the model has no trainable parameters (check model.freeze patterns)")
@@ -113,13 +120,21 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
             raise ConfigError("gradient canaries were built for other parameters than the model's trainable ones; "
                               "build them with GradientCanaries.for_model(model, ...) after freezing")
     base_opt = build_optimizer([p for _, p in named], recipe.optim)
-    loss_fn = loss_fn or cross_entropy_per_example
+    if loss_fn is None:
+        loss_fn = (functools.partial(cross_entropy_per_example, label_smoothing=recipe.label_smoothing)
+                   if recipe.label_smoothing else cross_entropy_per_example)
+    ema_model = None
+    if recipe.ema.decay is not None:
+        ema_model = copy.deepcopy(model)
+        ema_model.requires_grad_(False)
     common = dict(recipe=recipe, device=device, loss_fn=loss_fn, input_transform=input_transform,
-                  canaries=gradient_canaries, sample_rate=float(sample_rate), world=world)
+                  canaries=gradient_canaries, sample_rate=float(sample_rate), world=world, accel=accel,
+                  ema_model=ema_model)
     if not recipe.dp:
         if _debug_disable_noise:
             raise ValueError("_debug_disable_noise only applies to DP training (privacy.enabled)")
-        return Stepper(module=model, base_model=model, optimizer=base_opt, dp_optimizer=None, ghost_loss=None,
+        return Stepper(module=accel.compiled(model, warn=warn), base_model=model, optimizer=base_opt,
+                       dp_optimizer=None, ghost_loss=None,
                        generator=generator, frozen_norm_layers=[], **common)
 
     if generator is None:

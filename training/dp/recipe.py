@@ -22,11 +22,11 @@ import math
 import numbers
 from typing import Literal
 
-from training.config import OptimConfig, PrivacyConfig, TrainConfig
+from training.config import AugmentConfig, EMAConfig, OptimConfig, PrivacyConfig, TrainConfig, TrainingConfig
 from training.dp.schedules import lr_at
 from training.errors import ConfigError
 
-__all__ = ["TrainRecipe"]
+__all__ = ["TrainRecipe", "training_options"]
 
 Clipping = Literal["flat", "per_layer", "automatic"]
 GradSampleMode = Literal["hooks", "functorch", "ghost", "bk"]
@@ -62,6 +62,10 @@ class TrainRecipe:
         secure_mode: noise resistant to floating-point attacks, seeds from the OS CSPRNG (see
             :mod:`training.dp.rng`).
         physical_batch_size: most examples whose per-example gradients are held at once (≥ 1).
+        augment: training augmentation (random crop, flip, multiplicity K; :mod:`training.augment`); with K > 1
+            an example's gradient is the mean over its K copies, clipped once.
+        label_smoothing: ε of the label-smoothed cross-entropy, in [0, 1).
+        ema: exponential moving average of the weights (decay None: off); :meth:`ema_decay_at`.
 
     Raises:
         ValueError: a value out of range (the message names the field).
@@ -80,6 +84,9 @@ class TrainRecipe:
     grad_sample_mode: GradSampleMode = "hooks"
     secure_mode: bool = False
     physical_batch_size: int = 256
+    augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig)
+    label_smoothing: float = 0.0
+    ema: EMAConfig = dataclasses.field(default_factory=EMAConfig)
 
     def __post_init__(self) -> None:
         _check_int("steps", self.steps, 1)
@@ -88,8 +95,13 @@ class TrainRecipe:
         _check_float("noise_multiplier", self.noise_multiplier, 0.0, strict=False)
         _check_float("max_grad_norm", self.max_grad_norm, 0.0, strict=True)
         _check_float("auto_gamma", self.auto_gamma, 0.0, strict=True)
-        if not isinstance(self.optim, OptimConfig):
-            raise TypeError(f"TrainRecipe.optim must be an OptimConfig, got {type(self.optim).__name__}")
+        _check_float("label_smoothing", self.label_smoothing, 0.0, strict=False)
+        if self.label_smoothing >= 1.0:
+            raise ValueError(f"TrainRecipe.label_smoothing must be < 1, got {self.label_smoothing!r}")
+        for name, kind in (("optim", OptimConfig), ("augment", AugmentConfig), ("ema", EMAConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"TrainRecipe.{name} must be an {kind.__name__}, got "
+                                f"{type(getattr(self, name)).__name__}")
         for name, allowed in (("clipping", ("flat", "per_layer", "automatic")), ("sampling", ("poisson", "shuffle")),
                               ("grad_sample_mode", ("hooks", "functorch", "ghost", "bk"))):
             if getattr(self, name) not in allowed:
@@ -98,6 +110,17 @@ class TrainRecipe:
         if self.dp and self.grad_sample_mode == "ghost" and self.clipping != "flat":
             raise ConfigError(f"ghost clipping supports privacy.clipping: flat only, got {self.clipping!r}; "
                               "use privacy.grad_sample_mode: hooks for per_layer or automatic clipping")
+        if self.dp and self.augment.multiplicity > 1 and self.grad_sample_mode not in ("hooks", "functorch"):
+            raise ConfigError(f"training.augment.multiplicity > 1 averages per-sample gradients over the copies "
+                              f"before clipping, which privacy.grad_sample_mode {self.grad_sample_mode!r} does not "
+                              "materialise; use grad_sample_mode: hooks or functorch")
+
+    def ema_decay_at(self, step: int) -> float:
+        """EMA decay after (0-based) ``step``: d, or min(d, (1 + t) / (10 + t)) with warm-up (0 without EMA)."""
+        d = self.ema.decay
+        if d is None:
+            return 0.0
+        return min(d, (1.0 + step) / (10.0 + step)) if self.ema.warmup else d
 
     def lr_at(self, step: int) -> float:
         """Learning rate of (0-based) ``step``."""
@@ -110,7 +133,8 @@ class TrainRecipe:
 
     @classmethod
     def from_privacy(cls, *, privacy: PrivacyConfig, optim: OptimConfig, steps: int, batch_size: int,
-                     noise_multiplier: float | None, physical_batch_size: int) -> "TrainRecipe":
+                     noise_multiplier: float | None, physical_batch_size: int,
+                     training: TrainingConfig | None = None) -> "TrainRecipe":
         """The recipe of one phase: the privacy section's clipping and sampling, σ as the run fixed it.
 
         Args:
@@ -119,6 +143,7 @@ class TrainRecipe:
             steps, batch_size: the phase's length and expected batch size.
             noise_multiplier: σ (None or ignored without DP).
             physical_batch_size: memory chunk.
+            training: the training section whose augmentation, label smoothing and EMA apply (None: none).
         """
         dp = bool(privacy.enabled)
         if dp and noise_multiplier is None:
@@ -127,7 +152,7 @@ class TrainRecipe:
                    noise_multiplier=float(noise_multiplier) if dp else 0.0, max_grad_norm=privacy.max_grad_norm,
                    clipping=privacy.clipping, auto_gamma=privacy.auto_gamma, sampling=privacy.sampling,
                    grad_sample_mode=privacy.grad_sample_mode, secure_mode=privacy.secure_mode and dp,
-                   physical_batch_size=int(physical_batch_size))
+                   physical_batch_size=int(physical_batch_size), **training_options(training))
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, steps: int, batch_size: int,
@@ -135,4 +160,11 @@ class TrainRecipe:
         """The recipe of a single-phase run of ``cfg`` with the given length, batch size and σ."""
         return cls.from_privacy(privacy=cfg.privacy, optim=cfg.optim, steps=steps, batch_size=batch_size,
                                 noise_multiplier=noise_multiplier,
-                                physical_batch_size=cfg.training.physical_batch_size)
+                                physical_batch_size=cfg.training.physical_batch_size, training=cfg.training)
+
+
+def training_options(training: TrainingConfig | None) -> dict[str, object]:
+    """The :class:`TrainRecipe` keywords a training section sets (augmentation, label smoothing, EMA)."""
+    if training is None:
+        return {}
+    return {"augment": training.augment, "label_smoothing": float(training.label_smoothing), "ema": training.ema}

@@ -35,7 +35,8 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["Stream", "derive_seed", "secret_seed", "seed_noise", "noise_generator", "seeded_init", "SEED_BITS"]
+__all__ = ["Stream", "derive_seed", "secret_seed", "seed_noise", "noise_generator", "augment_generator", "seeded_init",
+           "SEED_BITS"]
 
 SEED_BITS = 64
 _PERSON = b"dp-audit-seed/1"  # BLAKE2b personalisation: this derivation, version 1
@@ -51,6 +52,7 @@ class Stream(enum.IntEnum):
     PHASE = 5  # sampler seed of a later training phase
     HESSIAN = 6  # Hutchinson probes of tr(H) at one step
     HEAD = 7  # a re-initialised classifier
+    AUGMENT = 8  # training augmentation of one step (training.augment)
 
 
 def _check_nonnegative_int(name: str, value: object) -> int:
@@ -98,6 +100,16 @@ def seed_noise(generator: torch.Generator, seed: int, step: int) -> torch.Genera
 def noise_generator(seed: int, step: int, device: torch.device | str) -> torch.Generator:
     """A new ``torch.Generator`` (on ``device``) seeded for the DP noise of ``step`` (:func:`seed_noise`)."""
     return seed_noise(torch.Generator(device=torch.device(device)), seed, step)
+
+
+def augment_generator(seed: int, step: int) -> torch.Generator:
+    """A new CPU ``torch.Generator`` for the training augmentation of ``step`` (:mod:`training.augment`).
+
+    Both engines call this with the model's seed and the step, so they transform the same examples alike. In
+    secure mode ``seed`` is the run's secret (:func:`secret_seed`): the augmentation is then unpredictable from
+    anything written down, like the run's other non-noise streams.
+    """
+    return torch.Generator().manual_seed(derive_seed(seed, Stream.AUGMENT, step))
 
 
 @contextlib.contextmanager

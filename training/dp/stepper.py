@@ -19,7 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.accel import FP32, Accel
+from training.augment import Draw, apply, draw
 from training.dp.canaries import GradientCanaries
+from training.dp.ema import ema_update_
 from training.dp.optim import set_lr
 from training.dp.recipe import TrainRecipe
 from training.distributed import SINGLE, World, all_reduce_sum_
@@ -31,9 +34,10 @@ STATE_FORMAT = "dp-audit-stepper/1"
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def cross_entropy_per_example(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-example cross-entropy, shape (n,): the default loss."""
-    return F.cross_entropy(logits, targets, reduction="none")
+def cross_entropy_per_example(logits: torch.Tensor, targets: torch.Tensor, *,
+                              label_smoothing: float = 0.0) -> torch.Tensor:
+    """Per-example cross-entropy, shape (n,), optionally label-smoothed: the default loss."""
+    return F.cross_entropy(logits, targets, reduction="none", label_smoothing=label_smoothing)
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,8 @@ class Stepper:
                  dp_optimizer: Any | None, ghost_loss: Any | None, recipe: TrainRecipe, device: torch.device,
                  loss_fn: LossFn, input_transform: Callable[[torch.Tensor], torch.Tensor] | None,
                  generator: torch.Generator | None, canaries: GradientCanaries | None, sample_rate: float,
-                 frozen_norm_layers: list[nn.Module], world: World = SINGLE) -> None:
+                 frozen_norm_layers: list[nn.Module], world: World = SINGLE, accel: Accel = FP32,
+                 ema_model: nn.Module | None = None) -> None:
         self.module = module
         self._base_model = base_model
         self.optimizer = optimizer
@@ -126,6 +131,10 @@ class Stepper:
         self.world = world  # several ranks: each steps on its share of the batch (training.distributed)
         if dp_optimizer is not None:
             dp_optimizer.world = world
+        self.accel = accel
+        self.precision = accel.ran(dp=dp_optimizer is not None, device=device)  # what the steps compute in
+        self.ema_model = ema_model
+        self._augment_choice: Draw | None = None
 
     # --------------------------------------------------------------------------------------- properties
 
@@ -137,6 +146,11 @@ class Stepper:
     def base_model(self) -> nn.Module:
         """The unwrapped model (parameter names without Opacus's ``_module.`` prefix)."""
         return self._base_model
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The model to evaluate: the EMA of the weights when ``recipe.ema`` is on, else :attr:`base_model`."""
+        return self.ema_model if self.ema_model is not None else self._base_model
 
     @property
     def step_count(self) -> int:
@@ -159,12 +173,16 @@ class Stepper:
 
     # ---------------------------------------------------------------------------------------------- step
 
-    def step(self, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> StepStats:
+    def step(self, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *,
+             augment_generator: torch.Generator | None = None) -> StepStats:
         """One logical step on the batch ``(x, y)`` (any length, 0 included), in physical chunks.
 
         Args:
             x: inputs, first dimension = batch (CPU or device; ``input_transform`` is applied per chunk).
             y: targets, same length as ``x``.
+            augment_generator: the step's augmentation stream (:func:`training.dp.rng.augment_generator`),
+                required when ``recipe.augment`` transforms anything; the choices for the whole logical batch are
+                drawn first (:func:`training.augment.draw`), then applied chunk by chunk on the device.
 
         Returns:
             The step's :class:`StepStats`.
@@ -179,6 +197,13 @@ class Stepper:
         y = torch.as_tensor(y) if isinstance(y, np.ndarray) else y
         if len(x) != len(y):
             raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
+        spec = self.recipe.augment
+        self._augment_choice = None
+        if spec.active or spec.multiplicity > 1:
+            if spec.active and augment_generator is None:
+                raise ValueError("recipe.augment is on: pass the step's augment_generator "
+                                 "(training.dp.rng.augment_generator(seed, step))")
+            self._augment_choice = draw(spec, len(y), generator=augment_generator) if spec.active else None
         lr = self.lr()
         set_lr(self.optimizer, lr)
         self.module.train()
@@ -187,20 +212,59 @@ class Stepper:
         canary_idx = np.zeros(0, dtype=np.int64)
         if self.canaries is not None:
             canary_idx = self.canaries.sampled(self._step, sample_rate=self.sample_rate)
-        if self.dp:
-            stats = self._dp_step(x, y, lr, canary_idx)
-        else:
-            stats = self._plain_step(x, y, lr, canary_idx)
+        with self.accel.compute(dp=self.dp, device=self.device):
+            if self.dp:
+                stats = self._dp_step(x, y, lr, canary_idx)
+            else:
+                stats = self._plain_step(x, y, lr, canary_idx)
+        self._update_ema()
         self._step += 1
         return stats
 
     def _chunks(self, x: torch.Tensor, y: torch.Tensor):
+        """(inputs, targets) of each physical chunk on the device, augmented: K copies of an example are consecutive
+        rows (``multiplicity``), their targets repeated."""
+        k, spec = self.recipe.augment.multiplicity, self.recipe.augment
         for start in range(0, len(y), self.physical_batch_size):
-            xc = x[start:start + self.physical_batch_size].to(self.device, non_blocking=True)
-            yc = y[start:start + self.physical_batch_size].to(self.device, non_blocking=True)
+            stop = start + self.physical_batch_size
+            xc = x[start:stop].to(self.device, non_blocking=True)
+            yc = y[start:stop].to(self.device, non_blocking=True)
             if self.input_transform is not None:
                 xc = self.input_transform(xc)
-            yield xc, yc
+            c = self._augment_choice
+            if c is not None:
+                xc = apply(xc, Draw(dy=c.dy[start:stop], dx=c.dx[start:stop], flip=c.flip[start:stop]),
+                           pad_mode=spec.padding_mode)
+            elif k > 1:
+                xc = xc.repeat_interleave(k, dim=0)
+            yield self.accel.layout(xc), (yc.repeat_interleave(k) if k > 1 else yc)
+
+    def _losses(self, out: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
+        """Per-example losses of a chunk: the mean over an example's K augmented copies."""
+        losses = _per_example(self.loss_fn, out, yc)
+        k = self.recipe.augment.multiplicity
+        return losses.view(-1, k).mean(1) if k > 1 else losses
+
+    def _average_copies(self) -> None:
+        """Per-sample gradients of the K copies of an example averaged into that example's, before clipping
+        (augmentation multiplicity, De et al. 2022): each example then contributes one gradient, clipped once."""
+        k = self.recipe.augment.multiplicity
+        if k == 1:
+            return
+        for p in self.dp_optimizer.params:
+            g = p.grad_sample
+            if g is None:
+                continue
+            if isinstance(g, list):
+                g = torch.cat(g)
+            p.grad_sample = g.view(-1, k, *g.shape[1:]).mean(1)
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        """θ_ema ← d·θ_ema + (1 − d)·θ over every floating tensor of the state (buffers too); others copied."""
+        if self.ema_model is None:
+            return
+        ema_update_(self.ema_model, self._base_model, decay=self.recipe.ema_decay_at(self._step))
 
     def _canary_grad(self, idx: np.ndarray, scale: float) -> list[torch.Tensor] | None:
         if self.canaries is None or len(idx) == 0:
@@ -228,8 +292,9 @@ class Stepper:
                 opt.accumulate()
                 loss_sum += loss.loss_per_sample.detach().sum()
             else:
-                losses = _per_example(self.loss_fn, out, yc)
+                losses = self._losses(out, yc)
                 losses.mean().backward()
+                self._average_copies()
                 opt.clip_and_accumulate()
                 loss_sum += losses.detach().sum()
             opt.zero_grad()
@@ -284,7 +349,7 @@ class Stepper:
         denom = n + len(canary_idx)  # a canary is one extra example whose gradient is C·u_i
         loss_sum = torch.zeros((), device=self.device)
         for xc, yc in self._chunks(x, y):
-            losses = _per_example(self.loss_fn, self.module(xc), yc)
+            losses = self._losses(self.module(xc), yc)
             (losses.sum() / denom).backward()
             loss_sum += losses.detach().sum()
         grad = self._canary_grad(canary_idx, self.max_grad_norm / max(denom, 1)) if self.world.is_main else None
@@ -322,6 +387,8 @@ class Stepper:
             "optimizer": self.optimizer.state_dict(),
             "generator": (self.generator.get_state() if self.generator is not None and not self.secure_mode
                           else None),
+            **({"ema": {k: v.detach().clone() for k, v in self.ema_model.state_dict().items()}}
+               if self.ema_model is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -343,6 +410,11 @@ class Stepper:
                 f"{state.get('max_grad_norm')}, this run {self.noise_multiplier} and {self.max_grad_norm}; "
                 "resume with the original config")
         self.load_optimizer_state(state["optimizer"])
+        if self.ema_model is not None:
+            if not isinstance(state.get("ema"), dict):
+                raise CheckpointError("training state holds no EMA weights but this run averages them (training.ema); "
+                                      "resume with the original config")
+            self.ema_model.load_state_dict(state["ema"])
         if self.generator is not None and state.get("generator") is not None:
             self.generator.set_state(state["generator"].to(torch.uint8).cpu())
         self._step = int(state["step"])
@@ -355,8 +427,12 @@ class Stepper:
             raise CheckpointError(f"optimizer state does not fit this model/optimizer: {exc}") from None
 
     def close(self) -> nn.Module:
-        """Remove Opacus's hooks and per-parameter attributes; return the plain model. The stepper is unusable after."""
+        """Remove Opacus's hooks and per-parameter attributes; return the plain model (holding the EMA weights when
+        ``recipe.ema`` is on: what is evaluated and saved). The stepper is unusable after."""
         if self.dp and not self._closed:
             self.module._close()
+        if self.ema_model is not None and not self._closed:
+            with torch.no_grad():
+                self._base_model.load_state_dict(self.ema_model.state_dict())
         self._closed = True
         return self._base_model

@@ -90,7 +90,7 @@ class ContinualRecipe:
             index=None, batch_size=public_batch, steps=max(1, self.public_cap), sigma=None,
             privacy=PrivacyConfig(enabled=False, sampling="shuffle"),
             optim=cfg.optim.model_copy(update={"lr": cc.public_lr or cfg.optim.lr, "schedule": "constant"}),
-            sampler_seed=phase_seed(tc.seed, 0))
+            sampler_seed=phase_seed(tc.seed, 0), training=tc)
         self._eval_batch = None
         if cc.switch == "decelerator":
             self._eval_batch = held_out_batch(self.public.train, size=tc.hessian.batch_size, seed=tc.seed,
@@ -159,7 +159,8 @@ class ContinualRecipe:
             name="private" if cfg.privacy.enabled else "non-private", dp=cfg.privacy.enabled,
             dataset=cfg.data.dataset, x=images.x, y=images.y, index=self.setup.members, batch_size=tc.batch_size,
             steps=self.private_steps(switch_step), sigma=self.sigma_for(switch_step), privacy=cfg.privacy,
-            optim=cfg.optim, sampler_seed=phase_seed(tc.seed, 1), carry=self.cc.optimizer_state)
+            optim=cfg.optim, sampler_seed=phase_seed(tc.seed, 1), carry=self.cc.optimizer_state,
+            training=tc)
 
     def _prepare_private(self, switch_step: int):
         def prepare(model: nn.Module) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.config import ModelConfig, OptimConfig, PrivacyConfig
+from training.config import ModelConfig, OptimConfig, PrivacyConfig, TrainingConfig
 from training.dp.engine import StepStats
 from training.dp.rng import Stream, derive_seed
 from training.errors import CheckpointError, ConfigError, DataError, UserError
@@ -137,7 +137,7 @@ def new_head(model: nn.Module, num_classes: int, *, init: HeadInit, seed: int = 
 def finetune_phases(plan: Sequence[PhaseBudget], *, head: Sequence[str], backbone: Sequence[str], x: np.ndarray,
                     y: np.ndarray, index: np.ndarray | None = None, dataset: str, batch_size: int,
                     privacy: PrivacyConfig, optim: OptimConfig, lp_optim: OptimConfig | None = None,
-                    seed: int) -> list[PhaseSpec]:
+                    seed: int, training: TrainingConfig | None = None) -> list[PhaseSpec]:
     """The phases of a fine-tuning plan (``lp`` then/or ``fft`` entries with their steps and σ).
 
     Args:
@@ -150,6 +150,7 @@ def finetune_phases(plan: Sequence[PhaseBudget], *, head: Sequence[str], backbon
         privacy: DP settings (``enabled``: every phase is DP with its plan entry's σ; ``sampling``).
         optim: optimizer of the phases; ``lp_optim``: of the ``lp`` phase (default ``optim``).
         seed: the run seed; phase ``i`` samples with :func:`~training.recipes.common.phase_seed` ``(seed, i)``.
+        training: the training section whose augmentation and label smoothing the phases use (None: none).
 
     Raises:
         ValueError: a plan entry named other than ``lp``/``fft``, or an impossible phase (see ``PhaseSpec``).
@@ -161,7 +162,7 @@ def finetune_phases(plan: Sequence[PhaseBudget], *, head: Sequence[str], backbon
         name=b.name, dp=privacy.enabled, dataset=dataset, x=x, y=y, index=index, batch_size=int(batch_size),
         steps=int(b.steps), sigma=float(b.noise_multiplier) if privacy.enabled else None, privacy=privacy,
         optim=(lp_optim or optim) if b.name == "lp" else optim, sampler_seed=phase_seed(seed, i),
-        trainable=tuple(head if b.name == "lp" else backbone)) for i, b in enumerate(plan)]
+        trainable=tuple(head if b.name == "lp" else backbone), training=training) for i, b in enumerate(plan)]
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,7 @@ class FinetuneRecipe:
                                      index=setup.members, dataset=cfg.data.dataset, batch_size=tc.batch_size,
                                      privacy=pc, optim=cfg.optim,
                                      lp_optim=cfg.optim.model_copy(update={"lr": ft.lp_lr or cfg.optim.lr}),
-                                     seed=tc.seed)
+                                     seed=tc.seed, training=tc)
         ctx.hessian = None  # made per phase in prepare (its template must match the phase's trainable set)
 
     def total_steps(self) -> int:

@@ -35,7 +35,7 @@ class StandardRecipe:
             name="private" if pc.enabled else "non-private", dp=pc.enabled, dataset=cfg.data.dataset,
             x=images.x, y=images.y, index=setup.members, batch_size=tc.batch_size, steps=steps, sigma=sigma,
             privacy=pc, optim=cfg.optim,
-            sampler_seed=tc.seed)
+            sampler_seed=tc.seed, training=tc)
         ctx.canaries = make_gradient_canaries(cfg, self.model)
         ctx.hessian = make_monitor(cfg, self.model, setup.pool.test, sigma=sigma, batch_size=tc.batch_size,
                                    device=setup.device, what="data.test_split")

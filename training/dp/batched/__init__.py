@@ -27,6 +27,7 @@ the Opacus engine takes (flat clipping only).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from training.device import free_memory_bytes, is_cuda
 from training.dp.batched.engine import BatchedTrainer, check_model, check_recipe
 from training.dp.batched.single import train_single
 from training.dp.recipe import TrainRecipe
@@ -104,8 +106,8 @@ def _activation_count(model: nn.Module, input_shape: tuple[int, ...]) -> int:
 
 
 def _memory_budget(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(0.7 * torch.cuda.mem_get_info(device)[0])
+    if is_cuda(device):
+        return int(0.7 * free_memory_bytes(device))
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}

@@ -12,6 +12,12 @@ divide by the expected batch size B. Without DP the gradient of the mean loss ov
 is used (zero for an empty batch). The stacked optimizer comes from :func:`training.dp.optim.build_optimizer`:
 its update is coordinate-wise, so it is exactly each model's own update.
 
+The recipe's augmentation, label smoothing and EMA apply exactly as in the Opacus engine: model k's batch at step
+t is transformed by the choices :func:`training.augment.draw` makes from ``augment_generator(seeds[k], t)``; with
+multiplicity M every example's loss is the mean over its M copies, so its per-example gradient is the mean of the
+copies' gradients before it is clipped (:func:`augmented_batch`); the EMA (:mod:`training.dp.ema`) runs over
+every floating tensor of each model's state, and :meth:`BatchedTrainer.state_dicts` returns it.
+
 Only models without BatchNorm and without dropout are accepted (see :func:`check_model`).
 """
 
@@ -26,14 +32,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+from training.augment import apply, draw
 from training.dp.clipping import flat_clip_factors
+from training.dp.ema import ema_tensors_
 from training.dp.optim import build_optimizer, set_lr, trainable_names
 from training.dp.recipe import TrainRecipe
-from training.dp.rng import noise_generator, seeded_init
+from training.dp.rng import augment_generator, noise_generator, seeded_init
 from training.dp.sampling import BatchSampler, make_sampler
 from training.errors import ConfigError
 
-__all__ = ["BatchedTrainer", "check_model", "check_recipe", "member_samplers", "draw_noise"]
+__all__ = ["BatchedTrainer", "check_model", "check_recipe", "member_samplers", "draw_noise", "augmented_batch",
+           "copies_loss"]
 
 
 def check_model(model: nn.Module) -> None:
@@ -90,6 +99,25 @@ def draw_noise(seed: int, step: int, shapes: Sequence[torch.Size], *, std: float
             for s in shapes]
 
 
+def augmented_batch(x: Tensor, recipe: TrainRecipe, *, seed: int, step: int) -> Tensor:
+    """One model's batch ``x`` (n, C, H, W) as it trains at ``step``: (n, M, C, H, W), the M augmented copies of
+    every example (M = ``recipe.augment.multiplicity``; unchanged copies without active transforms)."""
+    spec = recipe.augment
+    if spec.active:
+        out = apply(x, draw(spec, len(x), generator=augment_generator(seed, step)), pad_mode=spec.padding_mode)
+    else:
+        out = x.repeat_interleave(spec.multiplicity, dim=0) if spec.multiplicity > 1 else x
+    return out.reshape(len(x), spec.multiplicity, *x.shape[1:])
+
+
+def copies_loss(logits: Tensor, y: Tensor, *, label_smoothing: float) -> Tensor:
+    """Per-example loss (n,) from logits (n, M, classes) of M copies: mean over the copies of the cross-entropy."""
+    n, m = logits.shape[:2]
+    losses = F.cross_entropy(logits.reshape(n * m, -1), y.repeat_interleave(m), reduction="none",
+                             label_smoothing=label_smoothing)
+    return losses.view(n, m).mean(1)
+
+
 class BatchedTrainer:
     """K models of one architecture trained in lock-step, each on its own members, seed and noise.
 
@@ -143,13 +171,21 @@ class BatchedTrainer:
         self.pad_index = n
         self.samplers = member_samplers(masks, self.seeds, recipe)
         self.step_count = 0
+        # EMA over every floating tensor of each model's state, in state_dict order (as the Opacus engine does)
+        self.state_names = list(self.models[0].state_dict())
+        self.ema = ({n: self._current(n).clone() for n in self.state_names} if recipe.ema.decay is not None
+                    else None)
         self._dp_fn = vmap(self._clipped_sum, in_dims=(0, 0, 0, 0, 0))
         self._sum_fn = vmap(self._sum_grad, in_dims=(0, 0, 0, 0, 0))
 
     # -- per-model functions (vmapped over the model axis) -------------------------------------------------
+    def _current(self, name: str) -> Tensor:
+        return self.params[name] if name in self.params else self.consts[name]
+
     def _example_loss(self, params: dict[str, Tensor], consts: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
-        logits = functional_call(self.base, {**params, **consts}, (xi.unsqueeze(0),))
-        return F.cross_entropy(logits, yi.unsqueeze(0))
+        """Loss of one example given as its M copies (M, C, H, W): the mean over the copies."""
+        logits = functional_call(self.base, {**params, **consts}, (xi,))
+        return copies_loss(logits.unsqueeze(0), yi.unsqueeze(0), label_smoothing=self.recipe.label_smoothing)[0]
 
     def _clipped_sum(self, params: dict[str, Tensor], consts: dict[str, Tensor], xb: Tensor, yb: Tensor,
                      wb: Tensor) -> dict[str, Tensor]:
@@ -161,8 +197,10 @@ class BatchedTrainer:
     def _sum_grad(self, params: dict[str, Tensor], consts: dict[str, Tensor], xb: Tensor, yb: Tensor,
                   wb: Tensor) -> dict[str, Tensor]:
         def batch_loss(p: dict[str, Tensor]) -> Tensor:
-            logits = functional_call(self.base, {**p, **consts}, (xb,))
-            return (F.cross_entropy(logits, yb, reduction="none") * wb).sum()
+            n, m = xb.shape[:2]
+            logits = functional_call(self.base, {**p, **consts}, (xb.reshape(n * m, *xb.shape[2:]),))
+            losses = copies_loss(logits.view(n, m, -1), yb, label_smoothing=self.recipe.label_smoothing)
+            return (losses * wb).sum()
 
         return grad(batch_loss)(params)
 
@@ -193,9 +231,10 @@ class BatchedTrainer:
         k = len(self.seeds)
         summed = {n: torch.zeros_like(p) for n, p in self.params.items()}
         fn = self._dp_fn if r.dp else self._sum_fn
+        xs = self._augmented(idx, sizes, t)
         for start in range(0, idx.shape[1], r.physical_batch_size):
             cols = slice(start, start + r.physical_batch_size)
-            part = fn(self.params, self.consts, self.x[idx[:, cols]], self.y[idx[:, cols]], weights[:, cols])
+            part = fn(self.params, self.consts, xs[:, cols], self.y[idx[:, cols]], weights[:, cols])
             for n in self.names:
                 summed[n].add_(part[n])
         if r.dp:
@@ -207,8 +246,24 @@ class BatchedTrainer:
             p.grad = grads[n]
         set_lr(self.optimizer, r.lr_at(t))
         self.optimizer.step()
+        if self.ema is not None:
+            ema_tensors_([self.ema[n] for n in self.state_names], [self._current(n) for n in self.state_names],
+                         decay=r.ema_decay_at(t))
         self.step_count += 1
         return sizes
+
+    def _augmented(self, idx: Tensor, sizes: np.ndarray, step: int) -> Tensor:
+        """(K, B_max, M, C, H, W): every model's batch as it trains at ``step`` (pads left as they are)."""
+        xs = self.x[idx]
+        k, width = idx.shape
+        if not self.recipe.augment.active and self.recipe.augment.multiplicity == 1:
+            return xs.unsqueeze(2)
+        rows = [augmented_batch(xs[j, :sizes[j]], self.recipe, seed=self.seeds[j], step=step) for j in range(k)]
+        m = self.recipe.augment.multiplicity
+        out = xs.new_zeros((k, width, m, *xs.shape[2:]))
+        for j, r in enumerate(rows):
+            out[j, :sizes[j]] = r
+        return out
 
     def run(self) -> list[dict[str, Tensor]]:
         """Train the remaining steps and return one CPU state dict per model (``state_dict()`` names)."""
@@ -221,6 +276,9 @@ class BatchedTrainer:
         out = []
         with torch.no_grad():
             for k, model in enumerate(self.models):
+                if self.ema is not None:  # the EMA of the weights is the model (as the Opacus engine saves it)
+                    out.append({n: self.ema[n][k].detach().cpu().clone() for n in self.state_names})
+                    continue
                 for n in self.names:
                     model.get_parameter(n).copy_(self.params[n][k].detach().cpu())
                 out.append({n: v.detach().cpu().clone() for n, v in model.state_dict().items()})
