@@ -40,9 +40,11 @@ __all__ = ["NOT_RECIPE", "recipe_hash", "ShadowRecipe", "shadow_recipe", "shadow
 
 NOT_RECIPE: tuple[str, ...] = (
     "name", "output_dir", "data.membership_seed", "training.seed", "training.progress", "training.log_every",
-    "training.checkpoint_every", "training.eval_every", "training.device")
+    "training.checkpoint_every", "training.eval_every", "training.device", "training.channels_last",
+    "training.compile")
 """Config keys left out of :func:`recipe_hash`: names, where outputs go, seeds (reference models draw their own)
-and logging/device settings, none of which changes the distribution of the trained model."""
+and logging/device/layout settings, none of which changes the distribution of the trained model (the training
+augmentation, label smoothing, EMA and precision do, and stay in)."""
 
 
 def recipe_hash(cfg: TrainConfig) -> str:
@@ -108,7 +110,7 @@ class ShadowRecipe:
                                                  "max_grad_norm": self.max_grad_norm or cfg.privacy.max_grad_norm})
         return TrainRecipe.from_privacy(privacy=privacy, optim=cfg.optim, steps=self.steps, batch_size=self.batch_size,
                                         noise_multiplier=self.noise_multiplier,
-                                        physical_batch_size=cfg.training.physical_batch_size)
+                                        physical_batch_size=cfg.training.physical_batch_size, training=cfg.training)
 
 
 def _pool_phase(phases: list[PhaseInfo]) -> PhaseInfo:

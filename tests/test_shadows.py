@@ -274,3 +274,33 @@ def test_recipe_hash_survives_new_options_with_defaults(tmp_path: Path) -> None:
     del data["training"]["continual"]          # a config written before these options existed
     del data["optim"]["min_lr_ratio"]
     assert recipe_hash(TrainConfig.model_validate(data)) == recipe_hash(cfg)
+
+
+@pytest.mark.parametrize("privacy", [{"enabled": False}, {"noise_multiplier": 0.5, "max_grad_norm": 1.0}],
+                         ids=["non-dp", "dp"])
+def test_reference_models_copy_augmentation_smoothing_and_ema(tmp_path: Path, privacy) -> None:
+    """A target trained with augmentation (multiplicity 2), label smoothing and EMA: both executors' reference models
+    train with the same options (the batched engine's TrainRecipe, the trainer's config), which change the models
+    (the engines' agreement for one seed is tests/test_dp_agreement.py)."""
+    from training.trainer import train
+
+    plain = tiny_config(tmp_path, **privacy).model_dump(mode="json")
+    data = json.loads(json.dumps(plain))
+    data["training"].update(augment={"crop_padding": 1, "flip": True, "multiplicity": 2}, label_smoothing=0.1,
+                            ema={"decay": 0.9})
+    weights = {}
+    for name, cfg in (("plain", plain), ("options", data)):
+        cfg["name"] = name
+        target = train(TrainConfig.model_validate(cfg), progress=False).run_dir
+        recipe = shadow_recipe(config=open_run(target).config, manifest=open_run(target).manifest)
+        assert batched_unsupported(recipe, num_classes=4, input_shape=(3, 8, 8)) is None
+        shadows = prepare_shadows(target=open_run(target), n_models=2, seed=5, executor="batched", device="cpu")
+        weights[name] = open_run(shadows.run_dirs[0], verify=False).state_dict
+        if name == "options":
+            assert recipe.train.augment.multiplicity == 2 and recipe.train.label_smoothing == 0.1
+            assert recipe.train.ema.decay == 0.9
+            seq = shadow_config(recipe, name="s", seed=1, output_dir=str(tmp_path)).training
+            assert seq.augment == recipe.train.augment and seq.ema == recipe.train.ema
+            assert seq.label_smoothing == 0.1
+    a, b = weights["plain"], weights["options"]
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) > 1e-3

@@ -120,3 +120,16 @@ def _kill_before_manifest(cfg: TrainConfig) -> None:
         train(cfg)
     finally:
         trainer._finalize = original
+
+
+def test_secure_mode_augments_from_the_secret_seed(tmp_path):
+    """Secure mode: no seed exists; the augmentation stream derives from the run's in-memory secret (as the other
+    non-noise streams do): training completes with every option, nothing seeds it, two runs differ."""
+    over = {"privacy.secure_mode": True, **OPTIONS}
+    data = apply_overrides(TINY, {"output_dir": str(tmp_path / "a"), **over})
+    data["training"].pop("seed", None)
+    a = train(TrainConfig.model_validate(data))
+    data["output_dir"] = str(tmp_path / "b")
+    b = train(TrainConfig.model_validate(data))
+    assert a.manifest.provenance.seed is None and a.manifest.training["augment"]["flip"] is True
+    assert max_diff(weights(a), weights(b)) > 1e-3

@@ -276,7 +276,7 @@ class TrainingConfig(Strict):
     precision: Literal["fp32", "tf32", "bf16"] = Field(
         "fp32", description="tf32: TF32 matmuls on CUDA; bf16: bfloat16 autocast. Only non-DP phases and "
         "evaluation use them: DP phases compute per-sample gradients and clip in strict fp32")
-    compile: bool = Field(False, description="torch.compile the model of non-DP phases and evaluation; falls back "
+    compile: bool = Field(False, description="torch.compile the model's steps in non-DP phases; falls back "
                           "with a warning when compiling fails")
 
     @model_validator(mode="after")
