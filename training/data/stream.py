@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from training.data.imageset import ImageSet
+from training.device import is_cuda
 from training.errors import DataError
 from training.io import ArrayFingerprint
 
@@ -222,7 +223,7 @@ class RowArray:
         Raises:
             DataError: a file cannot be read or decoded: one line naming it.
         """
-        pin = torch.device(device).type == "cuda" if device is not None else False
+        pin = is_cuda(device) if device is not None else False
         workers = self.workers if count is None else min(self.workers, count if count > 1 else 0)
         loader = DataLoader(_Rows(self), batch_sampler=_Batches(batches), num_workers=workers,
                             collate_fn=_collate, pin_memory=pin, generator=torch.Generator())
