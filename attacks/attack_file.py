@@ -19,7 +19,7 @@ from typing import Any, Literal
 from training.result_json import CodeRecord, Real, ResultModel, read_result, write_result
 
 __all__ = ["ATTACK_FORMAT", "ATTACK_FILE", "Interval", "AttackMetrics", "Roc", "ClassSlice", "LeaveOneOut",
-           "AttackEntry", "AttackSetup", "Utility", "AttackFile", "read_attack_file", "write_attack_file",
+           "AttackEntry", "AttackSetup", "PopulationRecord", "PopulationSource", "Utility", "AttackFile", "read_attack_file", "write_attack_file",
            "summary_rows"]
 
 ATTACK_FORMAT = "dp-audit-attack/1"
@@ -82,13 +82,42 @@ class AttackEntry(ResultModel):
     leave_one_out: LeaveOneOut | None = None  # written only when evaluation is leave_one_out or both
 
 
+class PopulationSource(ResultModel):
+    """One population source (:class:`training.run.population.Population`): images available, used, and dropped
+    as exact copies of pool images."""
+
+    source: str
+    available: int
+    used: int
+    dropped_pool_duplicates: int
+
+
+class PopulationRecord(ResultModel):
+    """Where the population samples z came from (:func:`attacks.signal_cache.load_or_compute_signals`).
+
+    ``requested``: ``attack.population``; ``capped``: True when ``memory_mb`` (``attack.population_memory_mb``)
+    cut the request down to a seeded subset; ``fingerprint``: :meth:`training.data.ImageSet.fingerprint` of the
+    images used (None when none).
+    """
+
+    requested: int | Literal["all"]
+    available: int
+    memory_mb: Real
+    capped: bool
+    sources: list[PopulationSource]
+    fingerprint: str | None
+
+
 class AttackSetup(ResultModel):
+    _omit_if_none = frozenset({"population"})
+
     n_reference: int
     augmentations: list[str]
     pool_size: int
     n_members: int
     n_population: int
     population_rule: str | None = None  # how n_population was chosen (absent: older file)
+    population: PopulationRecord | None = None  # its sources, cap and fingerprint (absent: older file)
     evaluation: Literal["target", "leave_one_out", "both"]
     recipe_hash: str | None
     executor: str | None

@@ -48,11 +48,13 @@ class AttackConfig(Strict):
     ray_gpus_per_task: float = Field(0.0, ge=0, description="ray executor: GPUs each task asks for")
     ray_max_retries: int = Field(3, ge=0, description="ray executor: re-runs of a failed or killed task")
     population: int | Literal["all"] = Field("all", description="population samples z for Attack-P and RMIA: "
-                                             "'all' (every image of the run's population source: its test split, "
-                                             "or the non-members held out at import, capped by "
-                                             "population_memory_mb) or a number (a seeded subset)")
+                                             "'all' (every known non-member: the run's test split plus the images "
+                                             "of its training split outside the pool; for an imported checkpoint "
+                                             "the non-members held out at import; capped by population_memory_mb) "
+                                             "or a number (a seeded subset of those)")
     population_memory_mb: float = Field(1024.0, gt=0.0, description="memory budget of the population signals and "
-                                        "images (MiB): caps population 'all' and numbers alike")
+                                        "images (MiB): caps population 'all' and numbers alike by a seeded "
+                                        "subset (attack.json's setup.population says when)")
     evaluation: Literal["target", "leave_one_out", "both"] = "target"
     n_bootstrap: int = Field(200, ge=0)
     rmia_gamma: float = Field(1.0, gt=0.0)

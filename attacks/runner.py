@@ -7,8 +7,9 @@
 2. :func:`attacks.shadows.prepare_shadows` (only when an attack or the leave-one-out evaluation needs
    reference models): K models with the target's recipe, re-used when they match.
 3. Signals: the scaled logit phi (:mod:`attacks.signals`) of the target and every reference model on every
-   pool example and on ``population`` samples z (known non-members: the test split, or the non-members held
-   out at import), for each augmented query; cached in ``signals.npz`` under a key over the target's verified
+   pool example and on ``population`` samples z (known non-members of the target and of every reference model:
+   the test split and the training split's images outside the pool, or the non-members held out at import;
+   :mod:`training.run.population`), for each augmented query; cached in ``signals.npz`` under a key over the target's verified
    identity, the reference index, the augmentations and the population (:mod:`training.run.freshness`).
 4. Each configured attack (:data:`attacks.registry.ATTACK_SPECS`), evaluated against the real target's
    membership (``evaluation: target``), by leave-one-out over the reference models (``leave_one_out``: each
@@ -206,8 +207,8 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         "inputs": inputs_record(target, config_sha256=settings.sha256()),
         "setup": {"n_reference": k, "augmentations": list(settings.augmentations.names), "pool_size": len(labels),
                   "n_members": int(target.membership.sum()), "n_population": int(phi.population.shape[1]),
-                  "population_rule": f"{phi.population_rule} ({target.population_source})"
-                  if phi.population.shape[1] else "none",
+                  "population_rule": phi.population_rule if phi.population.shape[1] else "none",
+                  "population": phi.population_record,
                   "evaluation": settings.evaluation,
                   "recipe_hash": None if shadows is None else shadows.index["recipe_hash"],
                   "executor": None if shadows is None else shadows.executor,

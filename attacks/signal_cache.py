@@ -8,7 +8,9 @@ models 1..K the reference models in keep-mask order)::
                       the chosen indices)
     pool              (1 + K, n, A)  phi on every pool example and augmented query
     population        (1 + K, m, A)  phi on the m population samples z (m may be 0)
-    population_index  (m,)           positions of z in the population source (test split / import hold-out)
+    population_index  (m,)           positions of z in the run's population (:func:`training.run.run_population`:
+                                     test split, then the training split outside the pool; or an import's
+                                     hold-out)
     keep              (K, n)         keep masks of the reference models
     augmentations     (A,)           query names, identity first
 
@@ -26,17 +28,17 @@ import dataclasses
 import hashlib
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from attacks.shadows import ShadowSet
 from attacks.signals import AugmentationSpec, compute_signals
-from training.data import ImageSet
 from training.io import write_npz
-from training.run import VerifiedRun, inputs_digest
+from training.run import VerifiedRun, inputs_digest, run_population
 
 __all__ = ["SIGNALS_FILE", "Signals", "choose_population", "population_size", "signals_key", "content_sha256",
            "load_or_compute_signals"]
@@ -55,9 +57,10 @@ class Signals:
     augmentations: tuple[str, ...]
     key: str
     population_rule: str = ""
+    population_record: dict[str, Any] | None = None
 
 
-def choose_population(population: ImageSet | None, m: int, seed: int) -> np.ndarray:
+def choose_population(population: Sized | None, m: int, seed: int) -> np.ndarray:
     """Sorted positions of ``min(m, len(population))`` population samples, a seeded uniform subset.
 
     >>> choose_population(None, 10, 0).size
@@ -165,14 +168,21 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
         :class:`Signals`, read from ``<run>/signals.npz`` when its key matches, else computed and written.
     """
     say = log or (lambda _msg: None)
-    available = 0 if target.population is None else len(target.population)
+    source = None if n_population == 0 else run_population(target)
+    available = 0 if source is None else len(source)
     m_pop, rule = population_size(n_population, available, n_models=1 + (0 if shadows is None else shadows.n_models),
                                   n_augmentations=spec.n_augmentations, memory_mb=population_memory_mb,
-                                  image_bytes=0 if not available else target.population.x[0].nbytes)
-    pop_index = choose_population(target.population, m_pop, seed)
-    population = target.population.subset(pop_index) if pop_index.size else None
-    key = signals_key(target=target, shadows=shadows, spec=spec,
-                      population_fingerprint=None if population is None else population.fingerprint(),
+                                  image_bytes=0 if source is None else source.image_bytes)
+    pop_index = choose_population(source, m_pop, seed)
+    population, pop_index, taken = (source.take(pop_index) if pop_index.size
+                                     else (None, pop_index, {"sources": [], "fingerprint": None}))
+    want = available if n_population == "all" else min(int(n_population), available)
+    record = {"requested": n_population, "available": available, "memory_mb": float(population_memory_mb),
+              "capped": m_pop < want, **taken}
+    dropped = sum(s["dropped_pool_duplicates"] for s in taken["sources"])
+    rule = (f"{rule} ({source.source})" if source is not None else rule) + (
+        f"; {dropped} exact copies of pool images dropped" if dropped else "")
+    key = signals_key(target=target, shadows=shadows, spec=spec, population_fingerprint=taken["fingerprint"],
                       population_index=pop_index)
     path = target.run_dir / SIGNALS_FILE
     runs = [target] + ([] if shadows is None else list(shadows.runs))
@@ -188,14 +198,14 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
 
     cached = _read_cache(path, key, say)
     target_phi = None
-    say(f"population: {rule} ({target.population_source})" if available else "population: none available")
+    say(f"population: {rule}" if available else "population: none available")
     if cached is not None:
         target_phi = signals_of(target, keep_weights=True)
         same = all(c.shape == t.shape and np.allclose(c, t, rtol=_RECHECK_TOL, atol=_RECHECK_TOL)
                    for c, t in zip((cached.pool[0], cached.population[0]), target_phi))
         if same:
             say(f"signals re-used from {path} (content hash and the target's own signals verified)")
-            return dataclasses.replace(cached, population_rule=rule)
+            return dataclasses.replace(cached, population_rule=rule, population_record=record)
         say(f"{path} holds target signals that differ from the target's weights: recomputing")
     phi_pool = np.empty((len(runs), n, a), dtype=np.float32)
     phi_pop = np.empty((len(runs), m, a), dtype=np.float32)
@@ -208,4 +218,4 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
               "keep": keep, "augmentations": np.array(spec.names)}
     write_npz(path, **arrays, content_sha256=np.array(content_sha256(arrays)))
     return Signals(pool=phi_pool, population=phi_pop, population_index=pop_index, keep=keep,
-                   augmentations=spec.names, key=key, population_rule=rule)
+                   augmentations=spec.names, key=key, population_rule=rule, population_record=record)

@@ -69,11 +69,15 @@ def test_attack_json_has_the_documented_schema(attacked) -> None:
     assert report["inputs"]["membership_sha256"] == manifest["data"]["membership_sha256"]
     assert report["inputs"]["pool_fingerprint"] == manifest["data"]["pool_fingerprint"]
     assert set(report["setup"]) == {"n_reference", "augmentations", "pool_size", "n_members", "n_population",
-                                    "population_rule", "evaluation", "recipe_hash", "executor",
+                                    "population_rule", "population", "evaluation", "recipe_hash", "executor",
                                     "shadow_train_seconds"}
     setup = report["setup"]
     assert (setup["n_reference"], setup["pool_size"], setup["n_population"], setup["evaluation"]) == (K, 96, 20, "both")
     assert setup["augmentations"] == ["identity", "hflip"] and setup["executor"] == "batched"
+    pop = setup["population"]   # the whole split is the pool here: the test split is the only source
+    assert (pop["requested"], pop["available"], pop["capped"]) == (20, 40, False)
+    assert [(s["source"], s["available"], s["used"]) for s in pop["sources"]] == [
+        ("synthetic/test:n=40,classes=4,noise=250 (test split)", 40, 20)]
     assert setup["n_members"] == manifest["data"]["membership"]["n_members"]
     assert set(report["attacks"]) == set(attack_names()) == set(ATTACK_SPECS)
     for name, entry in report["attacks"].items():

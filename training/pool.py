@@ -20,7 +20,7 @@ import numpy as np
 
 from training.canary_package import read_package
 from training.config import CanaryConfig, TrainConfig
-from training.data import ImageSet, load_pool, load_test
+from training.data import ImageSet, SplitRows, load_pool, load_test, split_rows
 from training.data.stream import StreamSet, is_streamed
 from training.errors import DataError
 
@@ -38,6 +38,8 @@ class Pool:
         n_real: number of real pool examples.
         canaries: manifest description of the canaries, or None.
         package: the auditor's canary package file read (``training.canaries.from_file``), or None.
+        split: ``data.split`` and the pool's rows in it (:func:`training.data.split_rows`); its complement is
+            the population the attacks may use besides the test set.
     """
 
     images: ImageSet | StreamSet
@@ -45,6 +47,12 @@ class Pool:
     n_real: int
     canaries: dict | None
     package: Path | None = None
+    split: SplitRows | None = None
+
+    @property
+    def split_record(self) -> tuple[int, str] | None:
+        """``(size, labels sha256)`` of ``data.split`` for the manifest; None when unknown."""
+        return None if self.split is None else (len(self.split.catalog), self.split.labels_sha256())
 
     @property
     def streamed(self) -> bool:
@@ -121,7 +129,8 @@ def build_pool(cfg: TrainConfig, *, canary_package: str | os.PathLike[str] | Non
     Raises:
         DataError: the data or the canary package cannot be loaded or does not fit the data.
     """
-    images = load_pool(cfg.data)
+    rows = split_rows(cfg.data)
+    images = load_pool(cfg.data, rows)
     test = load_test(cfg.data, stream=is_streamed(images) or None) if cfg.data.test_split else None
     n_real = len(images)
     canaries = package = None
@@ -134,4 +143,4 @@ def build_pool(cfg: TrainConfig, *, canary_package: str | os.PathLike[str] | Non
         cx, cy, test, desc = make_canaries(cfg.training.canaries, pool=images, test=test)
         images = _append(images, cx, cy)
         canaries = {**desc, "first_index": n_real, "inclusion": "bernoulli(1/2) via the membership mask"}
-    return Pool(images=images, test=test, n_real=n_real, canaries=canaries, package=package)
+    return Pool(images=images, test=test, n_real=n_real, canaries=canaries, package=package, split=rows)

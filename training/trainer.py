@@ -322,7 +322,7 @@ def _finalize(run_dir: Path, cfg: TrainConfig, *, model: torch.nn.Module, model_
         input_shape=(3, *pool.images.x.shape[1:3]), param_count=total, trainable_param_count=trainable,
         weights_sha256=weights_sha, frozen=frozen, notes=model_notes, data=cfg.data,
         pool_fingerprint=pool.images.fingerprint(), membership=mem_info, membership_sha256=membership_sha,
-        canaries=pool.canaries, privacy=privacy,
+        canaries=pool.canaries, privacy=privacy, split=pool.split_record,
         training={"recipe": cfg.training.recipe, "optimizer": cfg.optim.model_dump(mode="json"),
                   "steps": metrics["steps"], "batch_size": cfg.training.batch_size,
                   "test_accuracy": metrics["test_accuracy"], "train_accuracy": metrics["train_accuracy"], **extra},

@@ -12,7 +12,7 @@ file-backed sets that stream from disk instead of being held in memory.
 
 from training.data.catalog import Catalog, limit_indices
 from training.data.imageset import ImageSet, concat_sets, fit_image, resize_images, to_float_tensor
-from training.data.pool import load_pool, load_test, pool_indices
+from training.data.pool import SplitRows, load_pool, load_test, pool_indices, split_rows
 from training.data.registry import DATASETS, load_dataset
 from training.data.safe_pickle import RestrictedUnpickler, load_restricted
 from training.data.spec import DatasetSpec, MissingData, Registry
@@ -32,6 +32,8 @@ __all__ = [
     "load_pool",
     "load_test",
     "pool_indices",
+    "split_rows",
+    "SplitRows",
     "limit_indices",
     "to_float_tensor",
     "fit_image",

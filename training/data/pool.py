@@ -7,6 +7,10 @@ that size: ``np.random.default_rng(pool_seed).choice(N, pool_size, replace=False
 image-folder dataset is cheap. Both are resized to ``data.image_size`` when it is set. A file-backed pool too
 large for memory is not decoded at all but streamed (``data.stream``, :mod:`training.data.stream`).
 
+:func:`split_rows` is the one pool draw: :func:`load_pool` materialises its pool rows, and its
+:attr:`SplitRows.complement` (the rows of ``data.split`` outside the pool, images no model trained on) serves as
+population samples for the attacks (:mod:`training.run.population`).
+
 >>> from training.config import DataConfig
 >>> pool = load_pool(DataConfig(dataset="digits", pool_size=100, pool_seed=3))
 >>> len(pool), pool.fingerprint() == load_pool(DataConfig(dataset="digits", pool_size=100, pool_seed=3)).fingerprint()
@@ -14,6 +18,9 @@ large for memory is not decoded at all but streamed (``data.stream``, :mod:`trai
 """
 
 from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,7 +31,7 @@ from training.data.stream import StreamSet, decide_stream
 from training.data.registry import DATASETS
 from training.errors import DataError
 
-__all__ = ["load_pool", "load_test", "pool_indices"]
+__all__ = ["SplitRows", "load_pool", "load_test", "pool_indices", "split_rows"]
 
 
 def pool_indices(n: int, size: int | None, rng: np.random.Generator | int | None) -> np.ndarray:
@@ -48,11 +55,35 @@ def _take(cat: Catalog, idx: np.ndarray, mode: bool | str, *, workers: int) -> I
     return cat.take(idx)
 
 
-def load_pool(cfg: DataConfig) -> ImageSet | StreamSet:
-    """The training pool: ``cfg.split``, optionally a ``cfg.pool_size`` subset seeded by ``cfg.pool_seed``.
+@dataclass(frozen=True, eq=False)
+class SplitRows:
+    """``data.split`` as a catalog and the sorted rows of it that form the pool.
 
-    A :class:`~training.data.stream.StreamSet` (the same rows, decoded on demand) when ``cfg.stream`` says the
-    pool streams (:func:`~training.data.stream.decide_stream`; the budget counts the pool alone here).
+    Attributes:
+        catalog: the whole training split (labels in memory; images decoded on :meth:`Catalog.take`).
+        pool: sorted row indices of the pool.
+    """
+
+    catalog: Catalog
+    pool: np.ndarray
+
+    @property
+    def complement(self) -> np.ndarray:
+        """Sorted row indices of the split outside the pool (empty when the pool is the whole split)."""
+        outside = np.ones(len(self.catalog), dtype=bool)
+        outside[self.pool] = False
+        return np.flatnonzero(outside).astype(np.int64)
+
+    def labels_sha256(self) -> str:
+        """sha256 over the split's size and labels: what the manifest records of the split (cheap: no image is
+        decoded)."""
+        y = np.ascontiguousarray(self.catalog.y, dtype=np.int64)
+        return hashlib.sha256(f"{len(y)}|".encode() + y.tobytes()).hexdigest()
+
+
+def split_rows(cfg: DataConfig) -> SplitRows:
+    """The training split and the pool's rows in it: ``cfg.pool_size`` rows seeded by ``cfg.pool_seed`` (all rows
+    when ``pool_size`` is None).
 
     Raises:
         DataError: as :func:`~training.data.load_dataset`, or if ``pool_size`` exceeds the split's size.
@@ -62,7 +93,24 @@ def load_pool(cfg: DataConfig) -> ImageSet | StreamSet:
     if cfg.pool_size is not None and cfg.pool_size > len(cat):
         raise DataError(f"data.pool_size={cfg.pool_size} but {cfg.dataset} split {cfg.split!r} has only {len(cat)} "
                         f"examples; lower data.pool_size or leave it unset to use them all")
-    return _take(cat, pool_indices(len(cat), cfg.pool_size, cfg.pool_seed), cfg.stream, workers=cfg.workers)
+    return SplitRows(catalog=cat, pool=pool_indices(len(cat), cfg.pool_size, cfg.pool_seed))
+
+
+def load_pool(cfg: DataConfig, rows: SplitRows | None = None) -> ImageSet | StreamSet:
+    """The training pool: ``cfg.split``, optionally a ``cfg.pool_size`` subset seeded by ``cfg.pool_seed``.
+
+    A :class:`~training.data.stream.StreamSet` (the same rows, decoded on demand) when ``cfg.stream`` says the
+    pool streams (:func:`~training.data.stream.decide_stream`; the budget counts the pool alone here).
+
+    Args:
+        cfg: the data config.
+        rows: :func:`split_rows` of ``cfg`` already drawn (None: drawn here).
+
+    Raises:
+        DataError: as :func:`~training.data.load_dataset`, or if ``pool_size`` exceeds the split's size.
+    """
+    rows = split_rows(cfg) if rows is None else rows
+    return _take(rows.catalog, rows.pool, cfg.stream, workers=cfg.workers)
 
 
 def load_test(cfg: DataConfig, *, stream: bool | None = None) -> ImageSet | StreamSet | None:

@@ -8,6 +8,8 @@ whether outputs are current. Every reader and writer of a run directory goes thr
 * :mod:`training.run.readers`: one file of a run read and checked against the manifest.
 * :mod:`training.run.verified`: :func:`open_run` -> :class:`VerifiedRun` (manifest, weights, membership, config,
   pool: each read and verified once).
+* :mod:`training.run.population`: the attacks' population samples (test split + the training split outside the
+  pool, or an import's hold-out), checked against the manifest.
 * :mod:`training.run.freshness`: one rule for "is this output still current".
 * :mod:`training.run.lock`: one writer per run directory at a time (``.lock``).
 """
@@ -19,6 +21,7 @@ from training.run.imported import IMPORT_FORMAT
 from training.run.manifest import (MANIFEST_FORMAT, DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo,
                                    PrivacyInfo, Provenance, build_manifest, write_manifest)
 from training.run.verified import VerifiedRun, as_run, open_run
+from training.run.population import Population, run_population
 from training.run.write import write_membership, write_weights
 
 __all__ = [
@@ -26,5 +29,5 @@ __all__ = [
     "WEIGHTS_FILE", "has_recipe", "is_complete", "identity", "inputs_digest", "inputs_record", "is_current",
     "IMPORT_FORMAT", "MANIFEST_FORMAT", "DataInfo", "Manifest", "MembershipInfo", "ModelInfo", "PhaseInfo",
     "PrivacyInfo", "Provenance", "build_manifest", "write_manifest", "VerifiedRun", "as_run", "open_run",
-    "write_membership", "write_weights",
+    "write_membership", "write_weights", "Population", "run_population",
 ]

@@ -86,6 +86,10 @@ class DataInfo(_M):
     pool_seed: int | None = None
     pool_subset: bool = False
     pool_fingerprint: str = Field(description="sha256 over the pool's x and y arrays (training.io.fingerprint_arrays)")
+    split_size: int | None = Field(None, description="examples in data.split when the pool was drawn from it "
+                                                     "(absent: imported runs and older manifests)")
+    split_labels_sha256: str | None = Field(None, description="sha256 over data.split's size and labels "
+                                                              "(training.data.SplitRows.labels_sha256)")
     membership_file: str = Field(MEMBERSHIP_FILE, pattern=_FILE_NAME, description="a file name in the run directory")
     membership_sha256: str
     membership: MembershipInfo
@@ -223,7 +227,8 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
                    membership_sha256: str, privacy: PrivacyInfo, training: Mapping[str, Any],
                    frozen: Sequence[str] = (), notes: Sequence[str] = (), canaries: Mapping[str, Any] | None = None,
                    nonmember_split: str | None = None, seed: int | None = None, config_sha256: str | None = None,
-                   command: str | None = None, device: str | None = None, streamed: bool | None = None) -> Manifest:
+                   command: str | None = None, device: str | None = None, streamed: bool | None = None,
+                   split: tuple[int, str] | None = None) -> Manifest:
     """The manifest of a run directory whose weights and membership file are already written.
 
     The one builder behind ``audit train``, the batched reference-model trainer and ``audit import``: it fills
@@ -244,6 +249,8 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
         nonmember_split: imported checkpoints: the split whose examples are OUT.
         seed, config_sha256, command, device: provenance; ``config_sha256`` None means no ``config.yaml``.
         streamed: whether the pool streamed from disk (:mod:`training.data.stream`); None: not recorded.
+        split: ``(size, labels sha256)`` of ``data.split`` the pool was drawn from (:class:`training.pool.Pool`),
+            so an auditor can tell whether the split's images outside the pool are still the same rows.
 
     >>> from training.config import DataConfig, ModelConfig
     >>> man = build_manifest(run_name="r", model=ModelConfig(arch="small_cnn"), num_classes=10,
@@ -269,6 +276,8 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
                         trainable_param_count=int(trainable_param_count), weights_sha256=weights_sha256,
                         frozen=list(frozen), notes=list(notes)),
         data=DataInfo(**d, pool_size=membership.n_pool, pool_fingerprint=pool_fingerprint,
+                      split_size=None if split is None else int(split[0]),
+                      split_labels_sha256=None if split is None else split[1],
                       membership_sha256=membership_sha256, membership=membership, nonmember_split=nonmember_split,
                       canaries=None if canaries is None else dict(canaries), streamed=streamed),
         privacy=privacy,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from training.config import TrainConfig
-from training.data import ImageSet
+from training.data import ImageSet, SplitRows
 from training.errors import CheckpointError
 from training.io import sha256_bytes, sha256_file
 from training.pool import Pool
@@ -76,9 +76,14 @@ def read_pool(run: VerifiedRun, built: Pool | None = None) -> tuple[ImageSet, Im
         CheckpointError: the rebuilt pool's fingerprint or size differs from the manifest's.
         DataError: the pool's data cannot be loaded.
     """
+    return _read_pool(run, built)[:3]
+
+
+def _read_pool(run: VerifiedRun, built: Pool | None) -> tuple[ImageSet, ImageSet | None, str, SplitRows | None]:
+    """:func:`read_pool` and the training split's rows the pool was drawn from (runs with a recipe)."""
     from training.pool import build_pool
 
-    manifest, population, source = run.manifest, None, "none"
+    manifest, population, source, rows = run.manifest, None, "none", None
     if run.has_recipe:
         config = run.config
         said = {k: getattr(manifest.data, k) for k in ("dataset", "split", "image_size")}
@@ -89,7 +94,7 @@ def read_pool(run: VerifiedRun, built: Pool | None = None) -> tuple[ImageSet, Im
                                   f"{CONFIG_FILE}'s data.{key} = {used[key]!r}: the run directory was edited; "
                                   f"restore it (or retrain) before auditing")
         built = built if built is not None else build_pool(config, canary_package=canary_package_of(run))
-        pool, population = built.images, built.test
+        pool, population, rows = built.images, built.test, built.split
         if population is not None:
             source = f"{config.data.dataset}/{config.data.test_split} (test split)"
     elif (record := read_import_record(run.run_dir)) is not None:
@@ -105,7 +110,7 @@ def read_pool(run: VerifiedRun, built: Pool | None = None) -> tuple[ImageSet, Im
             f"the pool rebuilt for {run.run_dir} ({len(pool)} examples, fingerprint {fingerprint[:12]}...) does not "
             f"match the manifest ({manifest.data.pool_size} examples, {manifest.data.pool_fingerprint[:12]}...): "
             f"the data on disk differs from the data the model was trained on; point data.root at the original data")
-    return pool, population, source
+    return pool, population, source, rows
 
 
 class VerifiedRun:
@@ -195,8 +200,8 @@ class VerifiedRun:
         return read_config(self.run_dir, self.manifest, self._config_text, lambda: self._config_parsed)
 
     @functools.cached_property
-    def _pool(self) -> tuple[ImageSet, ImageSet | None, str]:
-        parts = read_pool(self, self._built_pool)
+    def _pool(self) -> tuple[ImageSet, ImageSet | None, str, SplitRows | None]:
+        parts = _read_pool(self, self._built_pool)
         self._built_pool = None
         return parts
 
@@ -214,6 +219,12 @@ class VerifiedRun:
     def population_source(self) -> str:
         """Where :attr:`population` came from (for the record)."""
         return self._pool[2]
+
+    @property
+    def split_rows(self) -> SplitRows | None:
+        """The training split and the pool's rows in it (runs with a recipe; None otherwise); its complement is
+        part of the attacks' population (:func:`training.run.population.run_population`)."""
+        return self._pool[3]
 
     # ------------------------------------------------------------------------------------------- identity
 
