@@ -79,7 +79,7 @@ class Reads:
         self._spy(verified, "read_membership", lambda a, k: ("membership", a[0]))
         self._spy(verified, "read_config", lambda a, k: ("config", a[0]))
         self._spy(training.pool, "build_pool", lambda a, k: ("pool", "*"))
-        self._spy(training.data, "load_pool", lambda a, k: ("pool decode", "*"))
+        self._spy(training.data, "split_rows", lambda a, k: ("pool decode", "*"))  # the one pool draw
         self._spy(training.io, "sha256_file", self._file_key)
         self._spy(training.config, "load_yaml", self._file_key)
         original = Manifest.model_validate.__func__
