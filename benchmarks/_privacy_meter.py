@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import math
 from pathlib import Path
 from types import ModuleType
@@ -94,7 +95,9 @@ def compare(run_dir: Path, pm: ModuleType) -> dict[str, object]:
         best = max(by_a, key=lambda b: (compute_metrics(by_a[b], truth, n_boot=0).auc, -b))
         oracle.append(best)
         rows["pm_oracle"].append((by_a[best], truth))
+    setup = json.loads((run_dir / "attack.json").read_text())["setup"]
     return {"rows": {k: _row(v) for k, v in rows.items()}, "chosen_a": chosen, "oracle_a": oracle,
+            "population": setup.get("population_rule") or "n/a",
             "n_rounds": models - 1, "n_population": pop.shape[1], "n_pool": pool.shape[1], "n_models": models}
 
 
@@ -133,8 +136,8 @@ def render(result: dict[str, object], pm_path: Path) -> str:
         f"into that path; results/ is not committed). Same signals for both: the true-label probability of the "
         f"identity query from `signals.npz`; {result['n_models']} models (the target and {result['n_rounds']} "
         f"references), "
-        f"{result['n_pool']:,} pool images, {result['n_population']:,} population images z (every test image the "
-        f"run has). Leave-one-out over the {result['n_rounds']} reference models (each the attacked model in turn, "
+        f"{result['n_pool']:,} pool images, {result['n_population']:,} population images z (`audit attack`'s "
+        f"default, every known non-member: {result['population']}). Leave-one-out over the {result['n_rounds']} reference models (each the attacked model in turn, "
         f"the other {result['n_models'] - 1} its references). Cells: mean over rounds [95% t-interval of the mean].",
         "",
         "| scorer | AUC | TPR@1% FPR | TPR@0.1% FPR | examples tied at the top score (mean) |",

@@ -134,6 +134,15 @@ def run(args: argparse.Namespace) -> str:
     return "\n".join(head + sections + tail)
 
 
+def _population(setup: dict) -> str:
+    """``"57,600 (10,000 test split, 47,600 training images outside the pool)"``: the population's sources."""
+    record = setup.get("population")
+    if not record:
+        return f"{setup['n_population']:,}"
+    parts = [f"{s['used']:,} from {s['source']}" for s in record["sources"] if s["used"]]
+    return f"{setup['n_population']:,} ({', '.join(parts)})"
+
+
 def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
@@ -152,7 +161,7 @@ def render(args, preset, cfg, target, report, train_time, attack_time, n_loo_non
         f"{cfg.training.batch_size}, no data augmentation. Data: a pool of {setup['pool_size']:,} images "
         f"({side}x{side} pixels); the target's members: {setup['n_members']:,}, non-members: {n_non:,}; each "
         f"reference model trains on a balanced half (every image IN for exactly {setup['n_reference'] // 2} of "
-        f"{setup['n_reference']}). Population samples z: {setup['n_population']:,} test images. Queries: "
+        f"{setup['n_reference']}). Population samples z: {_population(setup)}. Queries: "
         f"{', '.join(setup['augmentations'])}. Target accuracy: train {_pct(acc['train_accuracy'])}, test "
         f"{_pct(acc['test_accuracy'])}.",
         "",
