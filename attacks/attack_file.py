@@ -19,8 +19,8 @@ from typing import Any, Literal
 from training.result_json import CodeRecord, Real, ResultModel, read_result, write_result
 
 __all__ = ["ATTACK_FORMAT", "ATTACK_FILE", "Interval", "AttackMetrics", "Roc", "ClassSlice", "LeaveOneOut",
-           "AttackEntry", "AttackSetup", "PopulationRecord", "PopulationSource", "Utility", "AttackFile", "read_attack_file", "write_attack_file",
-           "summary_rows"]
+           "AttackEntry", "AttackSetup", "PopulationRecord", "PopulationSource", "Utility", "AttackFile",
+           "read_attack_file", "write_attack_file", "summary_rows"]
 
 ATTACK_FORMAT = "dp-audit-attack/1"
 ATTACK_FILE = "attack.json"

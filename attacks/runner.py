@@ -9,8 +9,9 @@
 3. Signals: the scaled logit phi (:mod:`attacks.signals`) of the target and every reference model on every
    pool example and on ``population`` samples z (known non-members of the target and of every reference model:
    the test split and the training split's images outside the pool, or the non-members held out at import;
-   :mod:`training.run.population`), for each augmented query; cached in ``signals.npz`` under a key over the target's verified
-   identity, the reference index, the augmentations and the population (:mod:`training.run.freshness`).
+   :mod:`training.run.population`), for each augmented query; cached in ``signals.npz`` under a key over the
+   target's verified identity, the reference index, the augmentations and the population
+   (:mod:`training.run.freshness`).
 4. Each configured attack (:data:`attacks.registry.ATTACK_SPECS`), evaluated against the real target's
    membership (``evaluation: target``), by leave-one-out over the reference models (``leave_one_out``: each
    reference in turn is the target and the others its references, Carlini et al. 2022 Sec. V; the per-attack

@@ -137,7 +137,8 @@ def render(result: dict[str, object], pm_path: Path) -> str:
         f"identity query from `signals.npz`; {result['n_models']} models (the target and {result['n_rounds']} "
         f"references), "
         f"{result['n_pool']:,} pool images, {result['n_population']:,} population images z (`audit attack`'s "
-        f"default, every known non-member: {result['population']}). Leave-one-out over the {result['n_rounds']} reference models (each the attacked model in turn, "
+        f"default, every known non-member: {result['population']}). Leave-one-out over the {result['n_rounds']} "
+        f"reference models (each the attacked model in turn, "
         f"the other {result['n_models'] - 1} its references). Cells: mean over rounds [95% t-interval of the mean].",
         "",
         "| scorer | AUC | TPR@1% FPR | TPR@0.1% FPR | examples tied at the top score (mean) |",
