@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from training.data import ImageSet, SplitRows, concat_sets
+from training.data.stream import StreamSet, is_streamed
 from training.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -37,9 +38,12 @@ if TYPE_CHECKING:
 __all__ = ["Population", "PopulationPart", "run_population", "check_split"]
 
 
-def _digests(x: np.ndarray) -> list[bytes]:
-    """One digest per image (pixels only; labels are ignored, so a relabelled copy still matches)."""
-    return [hashlib.blake2b(np.ascontiguousarray(img).tobytes(), digest_size=16).digest() for img in x]
+def _digests(images: ImageSet | StreamSet) -> list[bytes]:
+    """One digest per image (pixels only; labels are ignored, so a relabelled copy still matches); a streamed
+    set is decoded chunk by chunk."""
+    chunks = (c.numpy() for _, c in images.x.chunks()) if is_streamed(images) else (images.x,)
+    return [hashlib.blake2b(np.ascontiguousarray(img).tobytes(), digest_size=16).digest()
+            for chunk in chunks for img in chunk]
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,7 +52,7 @@ class PopulationPart:
 
     source: str
     size: int
-    take: Callable[[np.ndarray], ImageSet]
+    take: Callable[[np.ndarray], ImageSet | StreamSet]
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,7 +94,9 @@ class Population:
             used = dropped = 0
             if mine.size:
                 images = part.take(mine - start)
-                fresh = np.array([d not in self.pool_digests for d in _digests(images.x)], dtype=bool)
+                if is_streamed(images):  # what is taken fits the memory budget: decode it once
+                    images = images.materialize()
+                fresh = np.array([d not in self.pool_digests for d in _digests(images)], dtype=bool)
                 dropped, used = int((~fresh).sum()), int(fresh.sum())
                 if used:
                     sets.append(images.subset(np.flatnonzero(fresh)) if dropped else images)
@@ -147,4 +153,5 @@ def run_population(run: VerifiedRun) -> Population | None:
                 take=lambda pos, cat=rows.catalog, rows_=outside: cat.take(rows_[pos])))
     if not parts:
         return None
-    return Population(parts=tuple(parts), image_bytes=int(pool.x[0].nbytes), pool_digests=frozenset(_digests(pool.x)))
+    return Population(parts=tuple(parts), image_bytes=int(np.prod(pool.x.shape[1:])),
+                      pool_digests=frozenset(_digests(pool)))
