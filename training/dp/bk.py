@@ -168,7 +168,7 @@ class BKModule(nn.Module):
         if not (self.training and torch.is_grad_enabled()):
             return self._module(x, *args, **kwargs)
         self._calls = {}
-        self._scale = float(x.shape[0])  # the stepper backpropagates the chunk's mean loss: undo the 1/n
+        self._scale = float(x.shape[0])  # the stepper backpropagates the chunk's mean loss: n undoes the 1/n
         detached = {n: p.detach() for n, p in self._trainable.items()}
         self._active = True
         try:
@@ -179,10 +179,11 @@ class BKModule(nn.Module):
     # ----------------------------------------------------------------------------------- after backward
 
     def _book(self) -> list[tuple]:
-        """(index, layer, kind, inputs per call, per-example output gradients per call) of every layer the
-        last backward pass reached; the calls are dropped once read."""
+        """(index, layer, kind, inputs per call, output gradients per call) of every layer the last backward
+        pass reached; the calls are dropped once read. The gradients are those of the chunk's *mean* loss:
+        per-example norms are scaled by n², sums by n (``self._scale``) at the end, not tensor by tensor."""
         for index, calls in self._calls.items():
-            done = [(acts, g * self._scale) for acts, g in calls if g is not None]
+            done = [(acts, g) for acts, g in calls if g is not None]
             if done:
                 _, layer, kind = self._layers[index]
                 self._entries.append((index, layer, kind, [a for a, _ in done], [g for _, g in done]))
@@ -225,12 +226,13 @@ class BKModule(nn.Module):
                 if id(p) in columns:
                     cols[columns[id(p)]] = v
         zero = torch.zeros(n, device=device)
-        return torch.stack([zero if c is None else c.to(device) for c in cols], dim=1)
+        return torch.stack([zero if c is None else c.to(device) for c in cols], dim=1) * self._scale ** 2
 
     def clipped_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:
         """Σ_i factors[i, j] · (example i's gradient of ``params[j]``) for the last backward pass."""
         columns = {id(p): j for j, p in enumerate(params)}
         sums: list[torch.Tensor | None] = [None] * len(params)
+        factors = factors * self._scale
         for index, layer, kind, acts, grads in self._entries:
             if kind in ("linear", "conv2d", "embedding"):
                 mine = {k: columns[id(p)] for k, p in layer.named_parameters(recurse=False) if id(p) in columns}

@@ -65,10 +65,15 @@ def _bias_sq(g: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------- Linear
 
 
+def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """Concatenate the calls of a layer (no copy for the usual single call)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
 def _linear_3d(layer: nn.Linear, acts: list[torch.Tensor], grads: list[torch.Tensor]):
     n = grads[0].shape[0]
-    a = torch.cat([x.float().reshape(n, -1, layer.in_features) for x in acts], dim=1)
-    g = torch.cat([y.float().reshape(n, -1, layer.out_features) for y in grads], dim=1)
+    a = _cat([x.float().reshape(n, -1, layer.in_features) for x in acts], 1)
+    g = _cat([y.float().reshape(n, -1, layer.out_features) for y in grads], 1)
     return a, g
 
 
@@ -89,11 +94,15 @@ def linear_sums(layer: nn.Linear, acts: list[torch.Tensor], grads: list[torch.Te
     """Σ_i c_i G_i for ``weight`` and ``bias``: one product with the rescaled output gradients."""
     a, g = _linear_3d(layer, acts, grads)
     out = {}
-    if "weight" in factors:
-        gw = g * factors["weight"][:, None, None]
-        out["weight"] = gw.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])
     if "bias" in factors:
-        out["bias"] = (g * factors["bias"][:, None, None]).sum((0, 1))
+        out["bias"] = factors["bias"] @ g.sum(1)
+    if "weight" in factors:
+        c = factors["weight"][:, None, None]
+        if a.shape[-1] < g.shape[-1]:  # rescale the smaller of the two
+            a = a * c
+        else:
+            g = g * c
+        out["weight"] = g.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])
     return out
 
 
@@ -106,17 +115,25 @@ def _padded(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return F.pad(x.float(), layer._reversed_padding_repeated_twice, mode=mode)
 
 
+def _im2col(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """(n, C·kh·kw, L) patches, as ``F.unfold`` lays them out (which is far slower on CPU), from strided views."""
+    (kh, kw), (dh, dw), (sh, sw) = layer.kernel_size, layer.dilation, layer.stride
+    x = _padded(layer, x)
+    patches = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]
+    n, C, Ho, Wo = patches.shape[:4]
+    return patches.permute(0, 1, 4, 5, 2, 3).reshape(n, C * kh * kw, Ho * Wo)
+
+
 def conv2d_norms(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per-example squared gradient norms of a Conv2d layer's ``weight`` (im2col: positions = output pixels)."""
     n, G = grads[0].shape[0], layer.groups
     p = layer.out_channels // G
     d = layer.in_channels // G * layer.kernel_size[0] * layer.kernel_size[1]
-    g = torch.cat([y.float().reshape(n, G, p, -1) for y in grads], dim=3).transpose(2, 3)  # (n, G, T, p)
+    g = _cat([y.float().reshape(n, G, p, -1) for y in grads], 3).transpose(2, 3)  # (n, G, T, p)
     out = {}
     if layer.weight.requires_grad:
-        cols = [F.unfold(_padded(layer, x), layer.kernel_size, dilation=layer.dilation, stride=layer.stride)
-                for x in acts]
-        a = torch.cat([c.reshape(n, G, d, -1) for c in cols], dim=3).transpose(2, 3)  # (n, G, T, d)
+        cols = [_im2col(layer, x) for x in acts]
+        a = _cat([c.reshape(n, G, d, -1) for c in cols], 3).transpose(2, 3)  # (n, G, T, d)
         out["weight"] = matmul_sq_norms(a, g, ghost=use_ghost(T=a.shape[2], p=p, d=d))
     if layer.bias is not None and layer.bias.requires_grad:
         out["bias"] = _bias_sq(g)
@@ -133,7 +150,7 @@ def conv2d_sums(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Te
                                                         stride=layer.stride, padding=0, dilation=layer.dilation,
                                                         groups=layer.groups) for x, y in zip(acts, grads))
     if "bias" in factors:
-        out["bias"] = sum((y.float() * factors["bias"][:, None, None, None]).sum((0, 2, 3)) for y in grads)
+        out["bias"] = sum(factors["bias"] @ y.float().sum((2, 3)) for y in grads)
     return out
 
 
@@ -172,8 +189,8 @@ def norm_layer_grads(layer: nn.Module, acts: list[torch.Tensor], grads: list[tor
 
 def _embedding_flat(layer: nn.Embedding, acts: list[torch.Tensor], grads: list[torch.Tensor]):
     n = grads[0].shape[0]
-    idx = torch.cat([x.reshape(n, -1) for x in acts], dim=1)
-    g = torch.cat([y.float().reshape(n, -1, layer.embedding_dim) for y in grads], dim=1)
+    idx = _cat([x.reshape(n, -1) for x in acts], 1)
+    g = _cat([y.float().reshape(n, -1, layer.embedding_dim) for y in grads], 1)
     if layer.padding_idx is not None:  # the padding row receives no gradient
         g = g * (idx != layer.padding_idx).unsqueeze(-1)
     return idx, g
