@@ -146,9 +146,12 @@ def conv2d_sums(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Te
     out = {}
     if "weight" in factors:
         c = factors["weight"][:, None, None, None]
-        out["weight"] = sum(torch.nn.grad.conv2d_weight(_padded(layer, x), layer.weight.shape, y.float() * c,
-                                                        stride=layer.stride, padding=0, dilation=layer.dilation,
-                                                        groups=layer.groups) for x, y in zip(acts, grads))
+        plain = layer.padding_mode == "zeros" and not isinstance(layer.padding, str)  # let the kernel pad
+        out["weight"] = sum(torch.nn.grad.conv2d_weight(x.float() if plain else _padded(layer, x), layer.weight.shape,
+                                                        y.float() * c, stride=layer.stride,
+                                                        padding=layer.padding if plain else 0,
+                                                        dilation=layer.dilation, groups=layer.groups)
+                            for x, y in zip(acts, grads))
     if "bias" in factors:
         out["bias"] = sum(factors["bias"] @ y.float().sum((2, 3)) for y in grads)
     return out
