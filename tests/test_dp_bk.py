@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.config import ModelConfig, OptimConfig
+from training.config import AugmentConfig, ModelConfig, OptimConfig
 from training.dp import bk_layers as L
 from training.dp.bk import BKModule
 from training.dp.engine import cross_entropy_per_example, make_stepper
@@ -67,9 +67,10 @@ def batch(n: int, shape=(3, 8, 8), seed: int = 1, classes: int = 5):
     return torch.rand(n, *shape, generator=g), torch.randint(0, classes, (n,), generator=g)
 
 
-def stepper(model, *, mode, clipping="flat", C=0.05, sigma=0.0, B=1, physical=4, seed=0):
+def stepper(model, *, mode, clipping="flat", C=0.05, sigma=0.0, B=1, physical=4, seed=0, augment=None):
     recipe = TrainRecipe(steps=100, batch_size=B, optim=OptimConfig(name="sgd", lr=1.0), noise_multiplier=sigma,
-                         max_grad_norm=C, clipping=clipping, grad_sample_mode=mode, physical_batch_size=physical)
+                         max_grad_norm=C, clipping=clipping, grad_sample_mode=mode, physical_batch_size=physical,
+                         augment=augment or AugmentConfig())
     return make_stepper(model=model, recipe=recipe, sample_rate=0.1, generator=torch.Generator().manual_seed(seed),
                         device="cpu")
 
@@ -90,10 +91,10 @@ def run_both(make, x, y, *, steps=1, **kw):
         model = make()
         st = stepper(model, mode=mode, **kw)
         before = trainable(model)
-        first = st.step(x, y)
+        first = st.step(x, y, augment_generator=torch.Generator().manual_seed(0))
         summed = [b - a for b, a in zip(before, trainable(model))]
-        for _ in range(steps - 1):
-            st.step(x, y)
+        for s in range(steps - 1):
+            st.step(x, y, augment_generator=torch.Generator().manual_seed(s + 1))
         out[mode] = (summed, trainable(model), first, st)
     return out
 
@@ -176,6 +177,16 @@ def test_physical_batches_accumulate_like_one_batch_and_noise_matches_hooks():
     noisy = run_both(Mixed, x, y, steps=2, sigma=1.0, physical=3)  # same generator, same noise order
     assert max_diff(noisy["hooks"][1], noisy["bk"][1]) <= TOL
     assert max_diff(noisy["bk"][1], chunked[1]) > 1e-3
+
+
+def test_augmentation_multiplicity_averages_the_copies_like_hooks():
+    """K = 3 augmented copies per example (crop + flip, De et al. 2022): each copy is one more call per layer."""
+    x, y = batch(7)
+    res = run_both(Mixed, x, y, steps=2, physical=3, augment=AugmentConfig(crop_padding=2, flip=True, multiplicity=3))
+    assert max_diff(res["hooks"][0], res["bk"][0]) <= TOL and max_diff(res["hooks"][1], res["bk"][1]) <= TOL
+    assert res["bk"][2].clipped_fraction == res["hooks"][2].clipped_fraction > 0
+    single = run_both(Mixed, x, y, physical=3, augment=AugmentConfig(crop_padding=2, flip=True))["bk"]
+    assert max_diff(single[0], res["bk"][0]) > 1e-4  # the copies changed the gradient
 
 
 def test_frozen_parameters_stay_frozen_and_the_rest_matches_hooks():

@@ -86,6 +86,11 @@ class _Tap(torch.autograd.Function):
         return grad, None, None
 
 
+def _copy(t: torch.Tensor, k: int, copies: int) -> torch.Tensor:
+    """Rows k, k + K, k + 2K, ... of ``t``: copy ``k`` of every example (a strided view)."""
+    return t.reshape(t.shape[0] // copies, copies, *t.shape[1:])[:, k]
+
+
 def _has_trainable(module: nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters(recurse=False))
 
@@ -95,6 +100,9 @@ class BKModule(nn.Module):
 
     Args:
         model: the model; its trainable parameters are those with ``requires_grad`` when this is built.
+        copies: augmentation multiplicity K (De et al. 2022): the rows of a chunk are K consecutive augmented
+            copies of each example, and an example's gradient is the mean over its copies (the loss averages
+            them). Each copy is book-kept as one more call of the layer, so the copies are summed per example.
 
     Attributes:
         fallback_layers: names of the layers whose per-sample gradients are computed exactly per layer
@@ -104,9 +112,12 @@ class BKModule(nn.Module):
         ConfigError: a parameter owned by two layers, or a fallback layer with buffers and no Opacus grad sampler.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, copies: int = 1) -> None:
         super().__init__()
+        if copies < 1:
+            raise ValueError(f"copies must be >= 1, got {copies!r}")
         self._module = model
+        self.copies = int(copies)
         self._layers: list[tuple[str, nn.Module, str | None]] = []
         self._trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self._walk(model, "", set())
@@ -168,7 +179,7 @@ class BKModule(nn.Module):
         if not (self.training and torch.is_grad_enabled()):
             return self._module(x, *args, **kwargs)
         self._calls = {}
-        self._scale = float(x.shape[0])  # the stepper backpropagates the chunk's mean loss: n undoes the 1/n
+        self._scale = float(x.shape[0] // self.copies)  # the chunk's mean loss over n examples: n undoes the 1/n
         detached = {n: p.detach() for n, p in self._trainable.items()}
         self._active = True
         try:
@@ -184,6 +195,9 @@ class BKModule(nn.Module):
         per-example norms are scaled by n², sums by n (``self._scale``) at the end, not tensor by tensor."""
         for index, calls in self._calls.items():
             done = [(acts, g) for acts, g in calls if g is not None]
+            if self.copies > 1:  # K copies of an example are consecutive rows: K calls of one row per example
+                done = [([_copy(a, k, self.copies) for a in acts], _copy(g, k, self.copies))
+                        for acts, g in done for k in range(self.copies)]
             if done:
                 _, layer, kind = self._layers[index]
                 self._entries.append((index, layer, kind, [a for a, _ in done], [g for _, g in done]))

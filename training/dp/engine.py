@@ -161,7 +161,7 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
     elif recipe.grad_sample_mode == "bk":
         from training.dp.bk import BKDPOptimizer, BKModule
 
-        module = BKModule(model)
+        module = BKModule(model, copies=recipe.augment.multiplicity)
         dp_opt = BKDPOptimizer(base_opt, bk=module, clipping=recipe.clipping, gamma=recipe.auto_gamma,
                                max_grad_norm=C, **dp_kwargs)
     else:

@@ -110,10 +110,10 @@ class TrainRecipe:
         if self.dp and self.grad_sample_mode == "ghost" and self.clipping != "flat":
             raise ConfigError(f"ghost clipping supports privacy.clipping: flat only, got {self.clipping!r}; "
                               "use privacy.grad_sample_mode: hooks for per_layer or automatic clipping")
-        if self.dp and self.augment.multiplicity > 1 and self.grad_sample_mode not in ("hooks", "functorch"):
+        if self.dp and self.augment.multiplicity > 1 and self.grad_sample_mode not in ("hooks", "functorch", "bk"):
             raise ConfigError(f"training.augment.multiplicity > 1 averages per-sample gradients over the copies "
                               f"before clipping, which privacy.grad_sample_mode {self.grad_sample_mode!r} does not "
-                              "materialise; use grad_sample_mode: hooks or functorch")
+                              "materialise; use grad_sample_mode: hooks, functorch or bk")
 
     def ema_decay_at(self, step: int) -> float:
         """EMA decay after (0-based) ``step``: d, or min(d, (1 + t) / (10 + t)) with warm-up (0 without EMA)."""
