@@ -1,0 +1,252 @@
+"""The statistics every seed-paper table uses: mean ± SD, pooled SD, Welch's t, Holm, chance, linear fits.
+
+One home, so that "pooled SD", "p" and "reproduced" mean the same thing in every table of ``results/reference``:
+
+* :func:`mean_sd` / :func:`fmt_mean_sd`: sample mean and sample SD (ddof = 1) over seeds, "m ± s (n=k)";
+* :func:`pooled_sd`: the within-group pooled SD √(Σ(nᵢ−1)sᵢ² / Σ(nᵢ−1)) (not the SD of all values together,
+  which adds the difference between the groups to the spread);
+* :func:`welch`: Welch's two-sample t-test (unequal variances, Welch–Satterthwaite df) with the confidence
+  interval of the difference of means;
+* :func:`holm`, :func:`bonferroni`: family-wise corrections of p-values, needed whenever a best-of choice
+  (e.g. the best of three budget splits) or several comparisons are made on the same data;
+* :func:`verdict`: "reproduced" only when the (corrected) test rejects in the paper's direction;
+* :func:`chance_test`: accuracy against chance (binomial), to flag arms that learned next to nothing;
+* :func:`linear_fit`: least squares with its degrees of freedom, R² and the slope's standard error.
+
+>>> round(pooled_sd([22.0, 23.0, 22.7], [21.4, 22.0, 19.7]), 2)  # the issue's example: not 1.2
+0.92
+>>> holm([0.01, 0.04, 0.03])
+[0.03, 0.06, 0.06]
+>>> verdict(diff=+1.5, p=0.01), verdict(diff=+1.5, p=0.2), verdict(diff=-1.5, p=0.01)
+('reproduced', 'inconclusive', 'not reproduced')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ALPHA", "mean_sd", "fmt_mean_sd", "pooled_sd", "WelchResult", "welch", "holm", "bonferroni", "verdict",
+           "mean_ci", "ChanceResult", "chance_test", "LinearFit", "linear_fit"]
+
+#: the significance level of every verdict in the seed-paper tables
+ALPHA = 0.05
+
+
+def _finite(values: Sequence[float | None]) -> np.ndarray:
+    return np.asarray([float(v) for v in values if v is not None and math.isfinite(float(v))], dtype=np.float64)
+
+
+def mean_sd(values: Sequence[float | None]) -> tuple[float, float, int]:
+    """(mean, sample SD with ddof = 1, n) of the finite values; SD is nan for n < 2, both nan for n = 0."""
+    v = _finite(values)
+    if v.size == 0:
+        return float("nan"), float("nan"), 0
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else float("nan"), int(v.size)
+
+
+def fmt_mean_sd(values: Sequence[float | None], fmt: str = ".1f", scale: float = 1.0) -> str:
+    """``"m ± s"`` of ``values × scale`` (``"m (n=1)"`` for one value, ``"–"`` for none).
+
+    >>> fmt_mean_sd([0.2, 0.3, None], ".1f", 100), fmt_mean_sd([1.0]), fmt_mean_sd([])
+    ('25.0 ± 7.1', '1.0 (n=1)', '–')
+    """
+    m, s, n = mean_sd([v * scale for v in _finite(values)])
+    if n == 0:
+        return "–"
+    if n == 1:
+        return f"{m:{fmt}} (n=1)"
+    return f"{m:{fmt}} ± {s:{fmt}}"
+
+
+def pooled_sd(*groups: Sequence[float]) -> float:
+    """Within-group pooled SD √(Σ(nᵢ−1)sᵢ² / Σ(nᵢ−1)) over groups of ≥ 1 value (nan if no group has 2).
+
+    Raises:
+        ValueError: no group given.
+    """
+    if not groups:
+        raise ValueError("pooled_sd needs at least one group")
+    ss, dof = 0.0, 0
+    for g in groups:
+        v = _finite(g)
+        if v.size > 1:
+            ss += float(((v - v.mean()) ** 2).sum())
+            dof += v.size - 1
+    return math.sqrt(ss / dof) if dof else float("nan")
+
+
+@dataclass(frozen=True)
+class WelchResult:
+    """Welch's t-test of mean(a) − mean(b): statistic, two-sided p, df, the difference and its CI."""
+
+    diff: float
+    t: float
+    p: float
+    df: float
+    ci_low: float
+    ci_high: float
+    n_a: int
+    n_b: int
+
+    def describe(self, scale: float = 1.0, fmt: str = ".1f") -> str:
+        """``"Welch t = .., df = .., two-sided p = .., 95 % CI of the difference [.., ..], n = a vs b"``."""
+        return (f"Welch t = {self.t:.2f}, df = {self.df:.1f}, two-sided p = {self.p:.3f}, 95 % CI of the difference "
+                f"[{self.ci_low * scale:{fmt}}, {self.ci_high * scale:{fmt}}], n = {self.n_a} vs {self.n_b}")
+
+
+def welch(a: Sequence[float], b: Sequence[float], *, level: float = 0.95) -> WelchResult | None:
+    """Welch's unequal-variance t-test of mean(a) − mean(b) (None when a group has < 2 values).
+
+    Two equal constant groups give p = 1; two different constant groups p = 0.
+
+    >>> r = welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.5])
+    >>> round(r.diff, 3), round(r.t, 3), round(r.df, 2), round(r.p, 4)
+    (-3.167, -3.532, 3.85, 0.0258)
+    """
+    from scipy import stats
+
+    x, y = _finite(a), _finite(b)
+    if x.size < 2 or y.size < 2:
+        return None
+    diff = float(x.mean() - y.mean())
+    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    se2 = va + vb
+    if se2 == 0:
+        p = 1.0 if diff == 0 else 0.0
+        return WelchResult(diff, 0.0 if diff == 0 else math.copysign(math.inf, diff), p, float(x.size + y.size - 2),
+                           diff, diff, int(x.size), int(y.size))
+    df = se2 ** 2 / (va ** 2 / (x.size - 1) + vb ** 2 / (y.size - 1))
+    t = diff / math.sqrt(se2)
+    p = float(2 * stats.t.sf(abs(t), df))
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(se2)
+    return WelchResult(diff, float(t), p, float(df), diff - half, diff + half, int(x.size), int(y.size))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values, in the input order (family-wise error rate; nan stays nan).
+
+    The i-th smallest p (1-based) becomes max over j ≤ i of min(1, (m − j + 1)·p₍ⱼ₎), m = number of finite p.
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    ok = np.flatnonzero(np.isfinite(p))
+    out = np.full(p.shape, np.nan)
+    m = ok.size
+    running = 0.0
+    for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return [float(v) for v in out]
+
+
+def bonferroni(pvalues: Sequence[float]) -> list[float]:
+    """min(1, m·p) for each of the m finite p-values (nan stays nan).
+
+    >>> bonferroni([0.021, 0.5, float("nan")])
+    [0.042, 1.0, nan]
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    m = int(np.isfinite(p).sum())
+    return [min(1.0, m * float(v)) if math.isfinite(v) else float("nan") for v in p]
+
+
+def verdict(*, diff: float, p: float, alpha: float = ALPHA) -> str:
+    """``"reproduced"`` when p < alpha and the difference has the paper's sign (diff > 0 means the paper's
+    direction), ``"not reproduced"`` when p < alpha in the other direction, else ``"inconclusive"``."""
+    if not (math.isfinite(diff) and math.isfinite(p)) or p >= alpha or diff == 0:
+        return "inconclusive"
+    return "reproduced" if diff > 0 else "not reproduced"
+
+
+def mean_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float]:
+    """Student-t confidence interval of the mean ((nan, nan) for fewer than 2 values).
+
+    >>> lo, hi = mean_ci([1.0, 2.0, 3.0]); round(lo, 3), round(hi, 3)
+    (-0.484, 4.484)
+    """
+    from scipy import stats
+
+    m, s, n = mean_sd(values)
+    if n < 2:
+        return float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * s / math.sqrt(n)
+    return m - half, m + half
+
+
+@dataclass(frozen=True)
+class ChanceResult:
+    """Accuracy against chance: the one-sided binomial p of "better than chance" and the near-chance flag."""
+
+    accuracy: float
+    chance: float
+    n: int
+    p_above: float
+    near: bool
+
+
+def chance_test(accuracy: float, *, n: int, chance: float, margin: float = 0.05) -> ChanceResult:
+    """Is ``accuracy`` on ``n`` test examples better than ``chance``, and is it within ``margin`` of it?
+
+    ``near`` is True when accuracy − chance < margin (an arm that learned next to nothing: its comparisons say
+    little about the method), whatever the p-value.
+
+    >>> r = chance_test(0.123, n=1000, chance=0.1)
+    >>> r.near, round(r.p_above, 4)
+    (True, 0.0104)
+    """
+    from scipy import stats
+
+    if not (0 < chance < 1) or n < 1 or not 0 <= accuracy <= 1:
+        raise ValueError(f"need 0 < chance < 1, n >= 1 and 0 <= accuracy <= 1, got {chance}, {n}, {accuracy}")
+    k = int(round(accuracy * n))
+    p = float(stats.binomtest(k, n, chance, alternative="greater").pvalue)
+    return ChanceResult(float(accuracy), float(chance), int(n), p, accuracy - chance < margin)
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """Least squares y = intercept + slope·x: R², residual degrees of freedom (n − 2), slope SE and p (t-test of
+    slope = 0; nan when df = 0)."""
+
+    slope: float
+    intercept: float
+    r_squared: float
+    dof: int
+    slope_se: float
+    p_slope: float
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float]) -> LinearFit:
+    """Ordinary least squares of ``y`` on ``x`` with what a reader needs to judge it.
+
+    Three points leave one degree of freedom: R² near 1 is then weak evidence, which is why :class:`LinearFit`
+    carries ``dof`` and the slope's p-value.
+
+    Raises:
+        ValueError: fewer than 2 points, different lengths, or constant x.
+
+    >>> f = linear_fit([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
+    >>> round(f.slope, 9), round(f.intercept, 9), f.r_squared, f.dof
+    (2.0, 1.0, 1.0, 2)
+    """
+    from scipy import stats
+
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if xs.shape != ys.shape or xs.ndim != 1 or xs.size < 2:
+        raise ValueError(f"x and y must be 1-D of equal length >= 2, got {xs.shape} and {ys.shape}")
+    if np.ptp(xs) == 0:
+        raise ValueError("x is constant: the slope is undefined")
+    slope, intercept = np.polyfit(xs, ys, 1)
+    resid = ys - (intercept + slope * xs)
+    ss_res, ss_tot = float((resid ** 2).sum()), float(((ys - ys.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res <= 1e-24 else float("nan"))
+    dof = xs.size - 2
+    if dof > 0:
+        se = math.sqrt(ss_res / dof / float(((xs - xs.mean()) ** 2).sum()))
+        p = float(2 * stats.t.sf(abs(slope / se), dof)) if se > 0 else 0.0
+    else:
+        se, p = float("nan"), float("nan")
+    return LinearFit(float(slope), float(intercept), float(r2), int(dof), se, p)

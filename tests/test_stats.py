@@ -1,0 +1,106 @@
+"""audit.stats against slow, obviously correct references (scipy, explicit loops)."""
+
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from audit.stats import (bonferroni, chance_test, fmt_mean_sd, holm, linear_fit, mean_ci, mean_sd, pooled_sd,
+                         verdict, welch)
+
+
+def test_welch_matches_scipy_on_random_groups():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = rng.normal(0, rng.uniform(0.5, 2), size=rng.integers(2, 8))
+        b = rng.normal(0.5, rng.uniform(0.5, 2), size=rng.integers(2, 8))
+        ref = sps.ttest_ind(a, b, equal_var=False)
+        got = welch(list(a), list(b))
+        assert got.t == pytest.approx(ref.statistic) and got.p == pytest.approx(ref.pvalue)
+        ci = ref.confidence_interval(0.95)
+        assert (got.ci_low, got.ci_high) == pytest.approx((ci.low, ci.high))
+        assert got.diff == pytest.approx(a.mean() - b.mean())
+
+
+def test_welch_degenerate_groups():
+    assert welch([1.0], [2.0, 3.0]) is None
+    assert welch([1.0, 1.0], [1.0, 1.0]).p == 1.0
+    assert welch([1.0, 1.0], [2.0, 2.0]).p == 0.0
+
+
+def test_holm_matches_reference_and_is_monotone():
+    rng = np.random.default_rng(1)
+    for m in (1, 2, 3, 5):
+        for _ in range(10):
+            p = list(rng.uniform(0, 0.3, size=m))
+            got = holm(p)
+            assert all(g >= q - 1e-15 for g, q in zip(got, p))
+            assert all(g <= b + 1e-15 for g, b in zip(got, bonferroni(p)))
+    # rejection sets agree with the textbook step-down procedure at alpha = 0.05
+    for p in itertools.product([0.001, 0.02, 0.03, 0.2], repeat=3):
+        order = sorted(range(3), key=lambda i: p[i])
+        rejected = set()
+        for rank, i in enumerate(order):
+            if p[i] > 0.05 / (3 - rank):
+                break
+            rejected.add(i)
+        assert {i for i, a in enumerate(holm(list(p))) if a <= 0.05} == rejected
+
+
+def test_best_of_three_bonferroni_is_the_issue_correction():
+    assert bonferroni([0.021, 0.4, 0.3])[0] == pytest.approx(0.063)
+    assert holm([0.021, 0.4, 0.3])[0] == pytest.approx(0.063)
+
+
+def test_pooled_sd_is_within_group_not_overall():
+    a, b = [22.0, 23.0, 22.7], [21.4, 22.0, 19.7]
+    ref = math.sqrt(((len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b)) / 4)
+    assert pooled_sd(a, b) == pytest.approx(ref)
+    assert statistics.stdev(a + b) == pytest.approx(1.2, abs=0.06)  # the old, wrong number
+    assert pooled_sd([1.0, 1.0], [5.0, 5.0]) == 0.0  # groups far apart but no spread within
+    assert math.isnan(pooled_sd([1.0], [2.0]))
+    with pytest.raises(ValueError):
+        pooled_sd()
+
+
+def test_mean_sd_and_format():
+    assert mean_sd([1.0, 2.0, 3.0, None, float("nan")]) == (2.0, 1.0, 3)
+    assert fmt_mean_sd([0.1, 0.3], ".1f", 100) == "20.0 ± 14.1"
+    lo, hi = mean_ci([1.0, 2.0, 3.0, 4.0])
+    ref = sps.t.interval(0.95, 3, loc=2.5, scale=statistics.stdev([1, 2, 3, 4]) / 2)
+    assert (lo, hi) == pytest.approx(ref)
+
+
+def test_verdict_needs_the_test_and_the_sign():
+    assert verdict(diff=0.07, p=0.063) == "inconclusive"
+    assert verdict(diff=0.07, p=0.049) == "reproduced"
+    assert verdict(diff=-0.07, p=0.01) == "not reproduced"
+    assert verdict(diff=0.07, p=float("nan")) == "inconclusive"
+
+
+def test_chance_test_matches_binomial_tail():
+    r = chance_test(0.123, n=1000, chance=0.1)
+    ref = sum(math.comb(1000, k) * 0.1 ** k * 0.9 ** (1000 - k) for k in range(123, 1001))
+    assert r.p_above == pytest.approx(ref, rel=1e-6)
+    assert r.near and not chance_test(0.25, n=1000, chance=0.1).near
+    with pytest.raises(ValueError):
+        chance_test(0.5, n=10, chance=1.0)
+
+
+def test_linear_fit_matches_linregress_and_reports_dof():
+    rng = np.random.default_rng(2)
+    x = np.arange(6.0)
+    y = 0.5 * x + rng.normal(0, 0.3, 6)
+    ref = sps.linregress(x, y)
+    f = linear_fit(x, y)
+    assert (f.slope, f.intercept, f.r_squared, f.slope_se, f.p_slope) == pytest.approx(
+        (ref.slope, ref.intercept, ref.rvalue ** 2, ref.stderr, ref.pvalue))
+    assert f.dof == 4
+    three = linear_fit([0, 1, 2], [2.0, 1.1, 0.4])
+    assert three.dof == 1 and three.r_squared > 0.98
+    assert math.isnan(linear_fit([0, 1], [1.0, 2.0]).p_slope)
+    with pytest.raises(ValueError):
+        linear_fit([1, 1, 1], [1, 2, 3])
