@@ -68,7 +68,7 @@ def transfer_tables(results: dict[str, dict[str, Any]]) -> list[str]:
     """Markdown: accuracy table (one row per run x dataset) and separability table (per block)."""
     acc = ["| run | dataset | n train / test | linear probe % [95% CI] | k-NN % [95% CI] |", "|---|---|---|---|---|"]
     sep = ["| run | dataset | block | dim | fuzziness D | Fisher | residual |", "|---|---|---|---|---|---|---|"]
-    decay = ["| run | dataset | fitted ρ of D per block | R² |", "|---|---|---|---|"]
+    decay = ["| run | dataset | fitted ρ of D per block | R² | points | residual dof |", "|---|---|---|---|---|---|"]
     reasons: dict[str, str] = {}
     for run, data in results.items():
         for row in data["datasets"]:
@@ -83,8 +83,9 @@ def transfer_tables(results: dict[str, dict[str, Any]]) -> list[str]:
                 sep.append(f"| {run} | {row['dataset']} | {layer['layer']} | {layer['dim']} | "
                            f"{layer['fuzziness']:.3g} | {layer['fisher']:.3g} | {layer['residual']:.3f} |")
             d = diag.get("decay")
-            decay.append(f"| {run} | {row['dataset']} | {d['rho']:.3f} | {d['r_squared']:.3f} |" if d else
-                         f"| {run} | {row['dataset']} | — ({diag.get('note')}) | — |")
+            decay.append(f"| {run} | {row['dataset']} | {d['rho']:.3f} | {d['r_squared']:.3f} | {d['n_layers']} | "
+                         f"{d['n_layers'] - 2} |" if d else
+                         f"| {run} | {row['dataset']} | — ({diag.get('note')}) | — | — | — |")
     notes = [f"* {ds}: {why}" for ds, why in reasons.items()]
     missing = ["Missing datasets (reason as reported):", "", *notes, ""] if notes else []
     return ["### Accuracy", "", *acc, "", *missing,

@@ -306,6 +306,27 @@ def test_hessian_logging_in_a_standard_run(tmp_path):
         train(_cfg(**{"data.test_split": None, "training.hessian.every": 2}), run_dir=tmp_path / "none")
 
 
+def test_every_arm_measures_trace_h_on_the_same_held_out_test_batch(tmp_path):
+    """Continual and from-scratch arms (and every seed) use one fixed batch of test images for tr(H): at step 0 the
+    same initial weights give the same estimate (same images, same probes), the public images are never used."""
+    from training.recipes.common import make_monitor
+    from training.trainer import train
+
+    hc = {"training.hessian": {"every": 3, "probes": 3, "batch_size": 16}}
+    scratch = train(_cfg(**hc), run_dir=tmp_path / "scratch")
+    continual = train(_continual(**hc), run_dir=tmp_path / "continual")
+    first = [next(h for h in r.metrics["history"] if "trace_h" in h) for r in (scratch, continual)]
+    assert first[0]["step"] == first[1]["step"] == 0
+    assert first[0]["trace_h"] == first[1]["trace_h"] and math.isfinite(first[0]["trace_h_stderr"])
+    from training.data import load_test
+
+    test = load_test(_cfg().data)
+    model = torch.nn.Linear(1, 1)
+    a, b = (make_monitor(_cfg(**hc, **{"training.seed": s}), model, test, sigma=None, batch_size=1,
+                         device=torch.device("cpu"), what="t") for s in (0, 5))
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+
+
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory):
     """A small non-DP checkpoint to fine-tune from."""

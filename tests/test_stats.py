@@ -104,3 +104,15 @@ def test_linear_fit_matches_linregress_and_reports_dof():
     assert math.isnan(linear_fit([0, 1], [1.0, 2.0]).p_slope)
     with pytest.raises(ValueError):
         linear_fit([1, 1, 1], [1, 2, 3])
+
+
+def test_three_point_fits_have_one_dof_and_r2_at_least_three_quarters_when_monotone():
+    """Why transfer.md calls a 3-block geometric fit inconclusive: every monotone 3-point sequence has R² >= 0.75."""
+    from audit.transfer.separability import fit_geometric_decay
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        y = np.sort(rng.uniform(0.1, 10, size=3))[::-1]
+        assert linear_fit([0, 1, 2], np.log(y)).r_squared >= 0.75 - 1e-12
+        assert fit_geometric_decay(list(y)).dof == 1
+    assert linear_fit([0, 1, 2], [0.0, 0.0, 1.0]).r_squared == pytest.approx(0.75)

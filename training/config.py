@@ -118,7 +118,7 @@ class PrivacyConfig(Strict):
     clipping: Literal["flat", "per_layer", "automatic"] = "flat"
     auto_gamma: float = Field(0.01, gt=0.0, description="gamma in automatic clipping g/(||g||+gamma)")
     sampling: Literal["poisson", "shuffle"] = "poisson"
-    accountant: Literal["prv", "rdp"] = "prv"
+    accountant: Literal["prv", "rdp", "pld"] = "prv"
     grad_sample_mode: Literal["hooks", "functorch", "ghost", "bk"] = "hooks"
     secure_mode: bool = False
 

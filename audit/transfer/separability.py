@@ -24,8 +24,8 @@ the labels are an exact affine function of the features (always the case once ``
 >>> bool(separation_fuzziness(near, y) < separation_fuzziness(far, y))
 True
 >>> fit = fit_geometric_decay([8.0, 4.0, 2.0, 1.0])
->>> round(fit.rho, 6), round(fit.r_squared, 6)
-(0.5, 1.0)
+>>> round(fit.rho, 6), round(fit.r_squared, 6), fit.dof
+(0.5, 1.0, 2)
 """
 
 from __future__ import annotations
@@ -186,6 +186,12 @@ class GeometricDecay(Record):
     intercept: float
     r_squared: float
     n_layers: int
+
+    @property
+    def dof(self) -> int:
+        """Residual degrees of freedom of the fit (n_layers − 2): with 3 layers, 1, and every monotone sequence has
+        R² ≥ 0.75, so a high R² says little; report it with the dof."""
+        return self.n_layers - 2
 
 
 def fit_geometric_decay(values: Sequence[float]) -> GeometricDecay:

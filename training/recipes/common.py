@@ -26,8 +26,12 @@ from training.run.manifest import PhaseInfo
 from training.pool import Pool, draw_membership
 from training.loop import NextPhase, RunContext
 
-__all__ = ["RunSetup", "Recipe", "calibrate_sigma", "held_out_batch", "make_monitor", "make_gradient_canaries",
-           "phase_seed"]
+__all__ = ["RunSetup", "Recipe", "HELD_OUT_SEED", "calibrate_sigma", "held_out_batch", "make_monitor",
+           "make_gradient_canaries", "phase_seed"]
+
+#: seed of the tr(H) batch: one fixed draw from the test split, whatever the run seed or recipe, so that every arm
+#: and every seed of an experiment measures tr(H) on the same held-out images and their curves can be compared
+HELD_OUT_SEED = 0
 
 
 @dataclass
@@ -120,10 +124,14 @@ def make_monitor(cfg: TrainConfig, model: nn.Module, images: ImageSet | None, *,
                  batch_size: float, device: torch.device, what: str) -> HessianMonitor | None:
     """The tr(H) logger ``training.hessian`` asks for (None when ``every`` is 0).
 
+    Every recipe passes the test split: tr(H) is measured on ``training.hessian.batch_size`` images drawn from it
+    with :data:`HELD_OUT_SEED` (the same images in every arm and seed of an experiment, never trained on), with
+    probes drawn per (run seed, step).
+
     Args:
         cfg: the config (``training.hessian``, ``privacy.max_grad_norm``, ``training.seed``).
         model: the unwrapped model; a deep copy becomes the monitor's hook-free template.
-        images: the held-out images tr(H) is measured on (public data, or the test split).
+        images: the held-out images tr(H) is measured on (the test split).
         sigma, batch_size: the DP phase's σ and expected batch size (sigma None: no decelerator).
         device: where to measure.
         what: how to name ``images`` in the error message.
@@ -137,7 +145,7 @@ def make_monitor(cfg: TrainConfig, model: nn.Module, images: ImageSet | None, *,
     if images is None or len(images) == 0:
         raise ConfigError(f"training.hessian.every > 0 needs held-out data for tr(H) ({what}); the private "
                           "members are never used, so the logged curve is not a side channel")
-    x, y = held_out_batch(images, size=hc.batch_size, seed=cfg.training.seed, device=device)
+    x, y = held_out_batch(images, size=hc.batch_size, seed=HELD_OUT_SEED, device=device)
     return HessianMonitor(copy.deepcopy(model), x, y, probes=hc.probes, sigma=sigma, batch_size=batch_size,
                           clip_norm=cfg.privacy.max_grad_norm, seed=cfg.training.seed)
 

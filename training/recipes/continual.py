@@ -10,8 +10,11 @@ Phases:
    ``continual.public`` (images equal to a private pool image are dropped first, see
    :mod:`training.recipes.public`), until the switch rule fires (:mod:`training.recipes.switch`). The rule's
    evaluations use public data only: the public validation loss (``plateau``), or the decelerator with tr(H)
-   estimated on a fixed public training batch of ``training.hessian.batch_size`` examples with
-   ``training.hessian.probes`` probes, and the private phase's σ, B and c (``decelerator``).
+   estimated on a fixed batch of ``training.hessian.batch_size`` public examples (the public validation split
+   when there is one, else public training images) with ``training.hessian.probes`` probes, and the private
+   phase's σ, B and c (``decelerator``). The logged tr(H) curve (``training.hessian.every``) is measured, as in
+   every recipe, on the same fixed batch of test images (:func:`~training.recipes.common.make_monitor`), so
+   continual, from-scratch and non-DP arms are compared on the same held-out images.
 2. ``private`` (dp=privacy.enabled): ``optim`` on the members, T_priv steps (``training.steps``, or what is left
    of it after the public phase with ``continual.count_public_steps``), σ calibrated for q = B/n and T_priv alone:
    the public phase is not accounted (it never touches private data). The optimizer state crosses the switch as
@@ -36,8 +39,8 @@ from training.evaluate import mean_loss
 from training.hessian import decelerator, model_hessian_trace
 from training.run.manifest import PhaseInfo
 from training.models import build_model
-from training.recipes.common import (RunSetup, calibrate_sigma, held_out_batch, make_gradient_canaries, make_monitor,
-                                     phase_seed)
+from training.recipes.common import (HELD_OUT_SEED, RunSetup, calibrate_sigma, held_out_batch,
+                                     make_gradient_canaries, make_monitor, phase_seed)
 from training.phases import PhaseSpec
 from training.recipes.public import load_public
 from training.loop import NextPhase, RunContext
@@ -93,11 +96,12 @@ class ContinualRecipe:
             sampler_seed=phase_seed(tc.seed, 0), training=tc)
         self._eval_batch = None
         if cc.switch == "decelerator":
-            self._eval_batch = held_out_batch(self.public.train, size=tc.hessian.batch_size, seed=tc.seed,
+            rule_images = self.public.val if self.public.val is not None and len(self.public.val) else self.public.train
+            self._eval_batch = held_out_batch(rule_images, size=tc.hessian.batch_size, seed=HELD_OUT_SEED,
                                               device=setup.device)
         fixed_sigma = self.sigma_for(0) if (pc.enabled and not cc.count_public_steps) else None
-        ctx.hessian = make_monitor(cfg, self.model, self.public.train, sigma=fixed_sigma, batch_size=tc.batch_size,
-                                   device=setup.device, what="training.continual.public")
+        ctx.hessian = make_monitor(cfg, self.model, setup.pool.test, sigma=fixed_sigma, batch_size=tc.batch_size,
+                                   device=setup.device, what="data.test_split")
         if self.public.dropped:
             setup.notes.append(f"{self.public.dropped} public image(s) equal to private pool images were dropped "
                                "from the public phase")
@@ -170,9 +174,10 @@ class ContinualRecipe:
                     model.reset_classifier(self.setup.num_classes)
                 model.to(self.setup.device)
             if self.ctx.hessian is not None:  # a hook-free template of the (maybe new) architecture
-                self.ctx.hessian = make_monitor(self.cfg, model, self.public.train, sigma=self.sigma_for(switch_step),
+                self.ctx.hessian = make_monitor(self.cfg, model, self.setup.pool.test,
+                                                sigma=self.sigma_for(switch_step),
                                                 batch_size=self.cfg.training.batch_size, device=self.setup.device,
-                                                what="training.continual.public")
+                                                what="data.test_split")
             self.ctx.canaries = make_gradient_canaries(self.cfg, model)
         return prepare
 

@@ -1,0 +1,203 @@
+"""Tables of the continual pre-training experiment (Bu et al. 2024): ``continual_pretrain.md`` and ``decelerator.md``.
+
+Every statistic comes from :mod:`audit.stats` (within-group pooled SD, Welch's t with Holm's correction over the
+comparisons made against DP from scratch, "reproduced" only when the corrected test rejects in the paper's
+direction). tr(H) is read from the runs' metrics history: one fixed batch of test images in every arm
+(:func:`training.recipes.common.make_monitor`), with the standard error of each estimate over its probes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+
+from audit.stats import fmt_mean_sd, holm, mean_sd, pooled_sd, verdict, welch
+from _seed_runs import CONFIGS, SCALES, closing, groups, hist, remake, scale_config
+
+ARMS = (("nondp", "non-DP (same steps)"), ("scratch", "DP from scratch"), ("continual", "DP continual pre-training"),
+        ("continual-dec", "DP continual pre-training, decelerator rule"))
+
+
+def _phase_steps(m: dict, dp: bool) -> int:
+    return sum(p["steps"] for p in m["privacy"]["phases"] if p["dp"] == dp and (dp or p["name"] == "public"))
+
+
+def sweep_points(g: dict) -> list[tuple[int, str]]:
+    """(switch step, variant base) of the switch-point sweep arms (``sw<i>``, switch step read from the runs), in
+    switch order."""
+    return sorted((g[k][0][2]["continual"]["switch_step"], k) for k in g if k.startswith("sw") and k[2:].isdigit())
+
+
+def table_continual(scale: str = "cpu") -> str | None:
+    g = groups("continual", scale)
+    if not g:
+        return None
+    cc = scale_config("continual", SCALES[scale]).training.continual
+    order = [*ARMS, *[(k, f"DP continual, switch after {s} public steps (sweep)") for s, k in sweep_points(g)]]
+    rows = ["| method | seeds | claimed ε (δ, accountant) | public steps | DP steps | σ | test accuracy (%) | "
+            "train accuracy (%) |", "|---|---|---|---|---|---|---|---|"]
+    accs: dict[str, list[float]] = {}
+    for key, label in order:
+        runs = g.get(key, [])
+        if not runs:
+            continue
+        m0 = runs[0][1]["privacy"]
+        eps = [m["privacy"]["epsilon"] for _, m, _ in runs]
+        sig = [p["noise_multiplier"] for _, m, _ in runs for p in m["privacy"]["phases"] if p["dp"]]
+        accs[key] = [x["test_accuracy"] for _, _, x in runs]
+        eps_s = "∞ (no claim)" if eps[0] is None else f"{statistics.mean(eps):.2f} ({m0['delta']:g}, {m0['accountant']})"
+        pub = sorted({_phase_steps(m, False) for _, m, _ in runs})
+        dp = sorted({_phase_steps(m, True) for _, m, _ in runs})
+        rows.append(f"| {label} | {len(runs)} | {eps_s} | {'/'.join(map(str, pub))} | {'/'.join(map(str, dp))} | "
+                    f"{fmt_mean_sd(sig, '.3f') if sig else '–'} | {fmt_mean_sd(accs[key], '.1f', 100)} | "
+                    f"{fmt_mean_sd([x['train_accuracy'] for _, _, x in runs], '.1f', 100)} |")
+    seeds = sorted({s for runs in g.values() for s, _, _ in runs})
+    per_seed = ["| method | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for key, label in order:
+        by_seed = {s: x["test_accuracy"] for s, _, x in g.get(key, [])}
+        if by_seed:
+            per_seed.append(f"| {label} | " + " | ".join(f"{100 * by_seed[s]:.1f}" if s in by_seed else "–"
+                                                      for s in seeds) + " |")
+    findings = [f"- Tests: Welch's two-sample t-test (two-sided) on per-seed test accuracy; Holm's correction over the "
+                f"comparisons with DP from scratch made here; pooled SD = within-group pooled SD. A claim is "
+                f"'reproduced' only when its corrected p < 0.05 in the paper's direction."]
+    tests = [(k, welch(accs[k], accs["scratch"])) for k in ("continual", "continual-dec")
+             if k in accs and "scratch" in accs]
+    tests = [(k, r) for k, r in tests if r is not None]
+    adj = holm([r.p for _, r in tests])
+    claims = {"continual": "continual > scratch at equal ε and total steps",
+              "continual-dec": "the decelerator-rule switch > scratch"}
+    for (k, r), p_h in zip(tests, adj):
+        findings.append(f"- {dict(ARMS)[k]} minus DP from scratch: {100 * r.diff:+.1f} points (pooled SD "
+                        f"{100 * pooled_sd(accs[k], accs['scratch']):.1f}; {r.describe(100)}; Holm-corrected p = "
+                        f"{p_h:.3f}): '{claims[k]}' — **{verdict(diff=r.diff, p=p_h)}**.")
+    if "nondp" in accs and "scratch" in accs:
+        gaps = ", ".join(f"{100 * (statistics.mean(accs['nondp']) - statistics.mean(accs[k])):.1f} points "
+                         f"({dict(ARMS)[k]})" for k in ("scratch", "continual") if k in accs)
+        findings.append(f"- gap to non-DP: {gaps}.")
+    sweep = [(s, k) for s, k in sweep_points(g) if k in accs]
+    if sweep:
+        best_s, best_k = max(sweep, key=lambda sk: statistics.mean(accs[sk[1]]))
+        findings.append("- switch-point sweep (equal total steps, σ calibrated for the DP steps left): "
+                        + ", ".join(f"{s}: {fmt_mean_sd(accs[k], '.1f', 100)} %" for s, k in sweep)
+                        + f"; best mean at {best_s} public steps (chosen on these test accuracies: descriptive).")
+    if "continual-dec" in g:
+        sw = [(s, x["continual"]["switch_step"], x["continual"]["switch_reason"]) for s, _, x in g["continual-dec"]]
+        findings.append("- decelerator rule switch (seed, step, reason): " + ", ".join(f"({s}, {t}, {r})"
+                                                                                      for s, t, r in sw))
+        if sweep:
+            steps = [t for _, t, _ in sw]
+            findings.append(f"  The rule switched at {statistics.mean(steps):.0f} public steps on average; the "
+                            f"sweep's best mean is at {best_s}.")
+        if all(r == "max_public_steps" for _, _, r in sw):
+            findings.append("  The decelerator never fell below the threshold, so this arm is in effect 'switch at "
+                            "max_public_steps': it says whether more public steps helped, not whether the rule "
+                            "picks the step.")
+    all_runs = [x for runs in g.values() for _, _, x in runs]
+    dropped = next((x["continual"]["public_dropped"] for runs in g.values() for _, _, x in runs
+                    if "continual" in x), "–")
+    cfg = scale_config("continual", SCALES[scale])
+    return "\n".join([
+        f"# DP continual pre-training vs DP from scratch vs non-DP (Bu et al. 2024, {scale} scale)", "",
+        remake("continual", scale) + f" (= `audit run {CONFIGS['continual'].relative_to(CONFIGS['continual'].parents[2])}"
+        " --steps train` per variant, then this table).", "",
+        f"Setup (`{CONFIGS['continual'].name}`, scale `{scale}`): private = {cfg.data.pool_size} CIFAR-10 training "
+        f"images (all members), `{cfg.model.arch}`, {cfg.optim.name} lr {cfg.optim.lr:g}, batch "
+        f"{cfg.training.batch_size}, {cfg.training.steps} logical steps in total for every method (public steps "
+        f"count), flat clipping C = {cfg.privacy.max_grad_norm:g}, Poisson sampling, target ε = "
+        f"{cfg.privacy.target_epsilon:g} ({cfg.privacy.accountant} accountant: σ is calibrated for the DP steps "
+        f"alone). Public = {cc.public.pool_size} other CIFAR-10 training images (images equal to a private one are "
+        f"dropped: {dropped} were); the public phase is not accounted. Test accuracy on {cfg.data.test_size} CIFAR-10 "
+        f"test images. Mean ± sample SD over seeds {', '.join(map(str, seeds))} (model init, batches, noise).", "",
+        *rows, "", "Test accuracy (%) per seed:", "", *per_seed, "", *closing(findings, all_runs)])
+
+
+def _curve(runs: list, key: str) -> dict[int, tuple[float, float, int]]:
+    steps = sorted({s for _, _, x in runs for s in hist(x, key)})
+    return {s: mean_sd([hist(x, key).get(s) for _, _, x in runs]) for s in steps}
+
+
+def peak_and_fall(curve: dict[int, tuple[float, float, int]]) -> tuple[str, int | None]:
+    """Whether a mean tr(H) curve over seeds rises to an interior peak and then falls by more than two standard
+    errors of the difference (SE = SD over seeds / √n): ("peak-and-fall", peak step), ("rising", None) when the
+    last point is the highest or the fall is within the noise, or ("too few points", None)."""
+    pts = {s: v for s, v in curve.items() if math.isfinite(v[0])}
+    if len(pts) < 3:
+        return "too few points", None
+    peak = max(pts, key=lambda s: pts[s][0])
+    last = max(pts)
+    if peak in (last, min(pts)):
+        return "rising", None
+    (mp, sp, n_p), (ml, sl, n_l) = pts[peak], pts[last]
+    se = math.sqrt((sp if math.isfinite(sp) else 0.0) ** 2 / n_p + (sl if math.isfinite(sl) else 0.0) ** 2 / n_l)
+    return ("peak-and-fall", peak) if mp - ml > 2 * se else ("rising", None)
+
+
+def table_decelerator(scale: str = "cpu") -> str | None:
+    g = groups("continual", scale)
+    if not g:
+        return None
+    labels = dict(ARMS)
+    steps = sorted({s for runs in g.values() for _, _, x in runs for s in hist(x, "trace_h")})
+    head = "| method | " + " | ".join(f"step {s}" for s in steps) + " |"
+    sep = "|---|" + "---|" * len(steps)
+    tr_rows, se_rows, dec_rows = [head, sep], [head, sep], [head, sep]
+    for key, label in labels.items():
+        runs = g.get(key, [])
+        if not runs:
+            continue
+        tr_rows.append(f"| {label} | " + " | ".join(fmt_mean_sd([hist(x, "trace_h").get(s) for _, _, x in runs], ".0f")
+                                                    for s in steps) + " |")
+        se_rows.append(f"| {label} | " + " | ".join(
+            f"{statistics.median(v):.0f}" if (v := [hist(x, "trace_h_stderr")[s] for _, _, x in runs
+                                                   if s in hist(x, "trace_h_stderr")]) else "–" for s in steps) + " |")
+        if key != "nondp":
+            dec_rows.append(f"| {label} | " + " | ".join(fmt_mean_sd([hist(x, "decelerator").get(s) for _, _, x in runs],
+                                                                      ".2f") for s in steps) + " |")
+    evals = defaultdict(list)
+    for _, _, x in g.get("continual-dec", []):
+        for e in x["continual"]["evaluations"]:
+            evals[e["step"]].append(e)
+    ev_rows = ["| public step | tr(H) (rule's public batch) | its SE | decelerator σ²·tr(H)/(B·c²) | σ used |",
+               "|---|---|---|---|---|"]
+    for s in sorted(evals):
+        ev_rows.append(f"| {s} | {fmt_mean_sd([e['trace_h'] for e in evals[s]], '.0f')} | "
+                       f"{statistics.median(e['trace_h_stderr'] for e in evals[s]):.0f} | "
+                       f"{fmt_mean_sd([e['value'] for e in evals[s]], '.2f')} | "
+                       f"{fmt_mean_sd([e['sigma'] for e in evals[s]], '.3f')} |")
+    findings = []
+    for key in ("nondp", "scratch", "continual"):
+        curve = _curve(g.get(key, []), "trace_h")
+        if len(curve) < 2:
+            continue
+        shape, peak = peak_and_fall(curve)
+        first, last = min(curve), max(curve)
+        text = (f"rises to a peak at step {peak} and then falls by more than two standard errors, as Bu et al. report"
+                if shape == "peak-and-fall" else
+                f"shows no peak followed by a significant fall within {last} steps: the run is too short (or too "
+                "noisy) to tell, so no claim about tr(H) falling (or not falling) is made from it")
+        findings.append(f"- {labels[key]}: mean tr(H) {curve[first][0]:.0f} at step {first}, "
+                        f"{curve[last][0]:.0f} at step {last}: it {text}.")
+    cfg = scale_config("continual", SCALES[scale])
+    hc = cfg.training.hessian
+    ratios = [abs(h["trace_h_stderr"] / h["trace_h"]) for runs in g.values() for _, _, x in runs
+              for h in x["history"] if h.get("trace_h") and math.isfinite(h.get("trace_h_stderr", math.nan))]
+    rel = 100 * statistics.median(ratios) if ratios else float("nan")
+    n_seeds = len({s for runs in g.values() for s, _, _ in runs})
+    return "\n".join([
+        f"# tr(H) and the decelerator over training (Bu et al. 2024, {scale} scale)", "",
+        remake("continual", scale) + " (the same runs as `continual_pretrain.md`).", "",
+        f"tr(H): Hutchinson's estimator (`training/hessian.py`), {hc.probes} Rademacher probes, mean cross-entropy "
+        f"of the same {hc.batch_size} CIFAR-10 test images in every arm and seed (one fixed draw, "
+        "`training.recipes.common.HELD_OUT_SEED`; never trained on), logged at initialisation and every "
+        f"{hc.every} global steps. Decelerator = σ²·tr(H)/(B·c²) with the run's DP σ, B = "
+        f"{cfg.training.batch_size}, c = {cfg.privacy.max_grad_norm:g}. Mean ± SD over {n_seeds} seeds; the "
+        f"second table is the median standard error of one estimate over its probes (overall median: {rel:.0f} % "
+        "of the estimate). The decelerator rule's own checks (last table) use public images only (the public "
+        "validation split when configured), since a switch decided on test images would leak them.", "",
+        "## tr(H) at global step (mean ± SD over seeds)", "", *tr_rows, "",
+        "## Standard error of one tr(H) estimate (median over seeds)", "", *se_rows, "",
+        "## Decelerator at global step (DP runs)", "", *dec_rows, "",
+        "## The decelerator rule's own checks during the public phase (continual-dec runs)", "", *ev_rows, "",
+        "## Findings", "", *findings, ""])

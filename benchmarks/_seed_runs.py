@@ -1,0 +1,173 @@
+"""The seed-paper experiments' runs: which configs, at which scale, trained how, and read back how.
+
+A *scale* is the same experiment configs with other seeds, steps and sizes (:data:`SCALES`): ``cpu`` is what the
+configs in ``eval_configs/experiments`` hold (minutes on a CPU; the numbers in ``results/reference`` come from
+it), ``full`` is the issue-16 scale (≥ 1,000 steps, 5 seeds, larger data; meant for a GPU) written to its own
+output directory, so ``python benchmarks/seed_papers.py run ALL --scale full && python benchmarks/seed_papers.py
+tables --scale full`` is the whole re-run.
+
+Variants named ``<base>-s<seed>`` are re-drawn for the scale's seeds (the base variant's overrides with
+``training.seed`` replaced), so a config lists each arm once per seed at CPU scale and the full scale adds seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "eval_configs/experiments"
+CONFIGS = {
+    "continual": EXPERIMENTS / "continual_pretrain.yaml",
+    "finetune_source": EXPERIMENTS / "finetune_source.yaml",
+    "finetune": EXPERIMENTS / "finetune_strategies.yaml",
+}
+OUT = ROOT / "results/reference"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Seeds, output directory and per-config ``--set`` overrides of one scale (None seeds: the config's own)."""
+
+    name: str
+    seeds: tuple[int, ...] | None = None
+    output_dir: str | None = None
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    variant_overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    description: str = ""
+
+
+SCALES = {
+    "cpu": Scale(name="cpu", description="the configs as committed (CPU minutes)"),
+    "full": Scale(
+        name="full", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-full",
+        description="issue 16: >= 1,000 steps, 5 seeds, 20k private CIFAR-10 images, ResNet-20 (a GPU run)",
+        overrides={
+            "continual": {"data.pool_size": 20000, "model.arch": "resnet20_cifar", "training.steps": 1000,
+                          "training.hessian.every": 50, "training.continual.public.pool_size": 2000,
+                          "training.continual.switch_steps": 300, "training.continual.max_public_steps": 600,
+                          "training.continual.eval_every": 50},
+            "finetune_source": {"model.arch": "resnet20_cifar", "training.steps": 3000},
+            "finetune": {"training.steps": 400},
+        },
+        variant_overrides={"continual": {  # the issue's switch-point sweep {0, 50, 100, 200, 400} of 1,000 steps
+            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
+}
+
+
+def scale_config(name: str, scale: Scale):
+    """The experiment config ``name`` at ``scale``: overrides applied, ``-s<seed>`` variants re-drawn."""
+    from audit.config import load_run_config
+
+    ov = scale.overrides.get(name, {})
+    cfg = load_run_config(str(CONFIGS[name]), [f"{k}={json.dumps(v)}" for k, v in ov.items()])
+    update: dict[str, Any] = {}
+    if scale.output_dir:
+        update["output_dir"] = scale.output_dir
+    vo = scale.variant_overrides.get(name, {})
+    if (scale.seeds is not None or vo) and cfg.variants:
+        bases: dict[str, dict[str, Any]] = {}
+        seeds: list[int] = []
+        for v, o in cfg.variants.items():
+            m = re.fullmatch(r"(.+)-s(\d+)", v)
+            if m:
+                bases.setdefault(m.group(1), {k: x for k, x in o.items() if k != "training.seed"})
+                seeds += [int(m.group(2))] * (int(m.group(2)) not in seeds)
+        update["variants"] = {f"{b}-s{s}": {**o, **vo.get(b, {}), "training.seed": s} for b, o in bases.items()
+                              for s in (scale.seeds if scale.seeds is not None else seeds)}
+    if scale.output_dir and name == "finetune":  # the fine-tuning starts from the source of the same scale
+        ft = cfg.training.finetune.model_copy(update={"checkpoint": f"{scale.output_dir}/ft-source"})
+        update["training"] = cfg.training.model_copy(update={"finetune": ft})
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def _run_one(name: str, scale_name: str, variant: str | None) -> tuple[str | None, float, str]:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from audit.pipeline import run_pipeline
+
+    t0 = time.perf_counter()
+    cfg = scale_config(name, SCALES[scale_name])
+    res = run_pipeline(config=cfg, variants=[variant] if variant else None, steps=("train",), progress=False,
+                       command=f"python benchmarks/seed_papers.py run {name} --scale {scale_name} ({variant})",
+                       log=lambda _msg: None)
+    return variant, time.perf_counter() - t0, res[0].steps[0].status
+
+
+def run(names: list[str], *, workers: int, scale: str) -> None:
+    """Train every variant of each config (``audit run --steps train``) over ``workers`` one-thread processes."""
+    from audit.config import variant_names
+
+    os.chdir(ROOT)
+    for name in names:
+        variants = variant_names(scale_config(name, SCALES[scale]))
+        print(f"[{time.strftime('%H:%M:%S')}] {name} ({scale}): {len(variants)} run(s) on {workers} worker(s)",
+              flush=True)
+        if workers == 1 or len(variants) == 1:
+            for v in variants:
+                print(f"  {_run_one(name, scale, v)}", flush=True)
+            continue
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_run_one, name, scale, v) for v in variants]
+            for fut in as_completed(futures):
+                v, secs, status = fut.result()
+                print(f"  [{time.strftime('%H:%M:%S')}] {v}: {status} in {secs:.0f} s", flush=True)
+
+
+def read_run(run_dir: Path) -> tuple[dict, dict] | None:
+    """(manifest, metrics) of a finished run directory, or None."""
+    from training.run import MANIFEST_FILE, METRICS_FILE
+
+    if not (run_dir / MANIFEST_FILE).is_file() or not (run_dir / METRICS_FILE).is_file():
+        return None
+    return (json.loads((run_dir / MANIFEST_FILE).read_text()), json.loads((run_dir / METRICS_FILE).read_text()))
+
+
+def groups(name: str, scale: str) -> dict[str, list[tuple[int, dict, dict]]]:
+    """Finished runs of a config at a scale, grouped by variant name without its ``-s<seed>`` suffix."""
+    from audit.config import select_variant
+
+    cfg = scale_config(name, SCALES[scale])
+    out: dict[str, list[tuple[int, dict, dict]]] = defaultdict(list)
+    for v in cfg.variants:
+        m = re.fullmatch(r"(.+)-s(\d+)", v)
+        got = read_run(ROOT / select_variant(cfg, v).run_dir())
+        if m and got:
+            out[m.group(1)].append((int(m.group(2)), *got))
+    return {k: sorted(v, key=lambda r: r[0]) for k, v in out.items()}
+
+
+def machine(runs: list[dict]) -> str:
+    secs = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs while these ran), torch "
+            f"{__import__('torch').__version__}, 1 thread per run, {len(secs)} runs, {sum(secs) / 60:.1f} min of "
+            f"training in total")
+
+
+def closing(findings: list[str], runs: list[dict]) -> list[str]:
+    """The end of a table: its findings, then the machine the runs took."""
+    return ["## Findings", "", *findings, "", f"Machine: {machine(runs)}.", ""]
+
+
+def hist(metrics: dict, key: str) -> dict[int, float]:
+    """``{step: value}`` of one logged quantity in a run's metrics history."""
+    return {h["step"]: h[key] for h in metrics["history"] if key in h and isinstance(h[key], (int, float))}
+
+
+def remake(names: str, scale: str) -> str:
+    """The Re-make line of a table."""
+    flag = "" if scale == "cpu" else f" --scale {scale}"
+    return (f"Re-make: `python benchmarks/seed_papers.py run {names} --workers 2{flag} && python "
+            f"benchmarks/seed_papers.py tables{flag}`")
