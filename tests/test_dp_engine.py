@@ -419,3 +419,30 @@ def test_state_split_join_keeps_every_tensor():
         assert torch.equal(back["opt"]["state"][0][k], v)
     import json
     json.dumps(meta)  # the skeleton is plain JSON
+
+
+# ------------------------------------------------------------------------------------ lr by parameter group
+
+
+def test_lr_scales_scale_the_head_update_and_keep_the_dp_noise_order():
+    """A head learning rate set by parameter group: with SGD and no noise the head's step is exactly `scale` times
+    the unscaled one and the rest is unchanged; with noise, scales of 1 everywhere (one group per parameter) give
+    the same weights bit for bit as one group (the noise is drawn in the same order)."""
+    x, y = cnn_batch(8)
+    base = tiny_cnn()
+    start = params_of(base)
+    stepper_for(base, sigma=0.0, C=1e6, B=8.0, lr=0.3).step(x, y)
+    scaled = tiny_cnn()
+    stepper_for(scaled, sigma=0.0, C=1e6, B=8.0, optim=OptimConfig(name="sgd", lr=0.3, lr_scales={"4.*": 5.0})
+                ).step(x, y)
+    names = [n for n, _ in tiny_cnn().named_parameters()]
+    for n, s0, a, b in zip(names, start, params_of(base), params_of(scaled)):
+        factor = 5.0 if n.startswith("4.") else 1.0
+        torch.testing.assert_close(b - s0, factor * (a - s0), rtol=1e-5, atol=1e-7)
+    noisy = [tiny_cnn(), tiny_cnn()]
+    for m, scales in zip(noisy, ({}, {"*": 1.0})):
+        stepper_for(m, sigma=1.0, B=8.0, lr=0.3, optim=OptimConfig(name="adamw", lr=0.01, lr_scales=scales)
+                    ).step(x, y)
+    assert all(torch.equal(a, b) for a, b in zip(params_of(noisy[0]), params_of(noisy[1])))
+    with pytest.raises(ValueError, match="lr_scales"):
+        OptimConfig(lr_scales={"*": 0.0})

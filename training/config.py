@@ -150,6 +150,16 @@ class OptimConfig(Strict):
     step_size: int = Field(1000, gt=0, description="steps between decays for 'step'")
     gamma: float = Field(0.1, gt=0.0, description="decay factor for 'step'")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    lr_scales: dict[str, float] = Field(default_factory=dict, description="learning-rate multipliers by parameter-name "
+                                        "glob, e.g. {'net.head.*': 5.0}: one parameter group per parameter")
+
+    @field_validator("lr_scales")
+    @classmethod
+    def _positive_scales(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not x > 0}
+        if bad:
+            raise ValueError(f"optim.lr_scales must be > 0, got {bad}")
+        return v
 
 
 class CanaryConfig(Strict):

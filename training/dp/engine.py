@@ -119,7 +119,7 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
         if list(gradient_canaries.param_shapes.items()) != expected:
             raise ConfigError("gradient canaries were built for other parameters than the model's trainable ones; "
                               "build them with GradientCanaries.for_model(model, ...) after freezing")
-    base_opt = build_optimizer([p for _, p in named], recipe.optim)
+    base_opt = build_optimizer([p for _, p in named], recipe.optim, names=[n for n, _ in named])
     if loss_fn is None:
         loss_fn = (functools.partial(cross_entropy_per_example, label_smoothing=recipe.label_smoothing)
                    if recipe.label_smoothing else cross_entropy_per_example)

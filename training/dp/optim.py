@@ -14,6 +14,7 @@ the learning rate of each step from :func:`training.dp.schedules.lr_at`, and lay
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Sequence
 
 import torch
@@ -22,25 +23,42 @@ from torch import nn
 from training.config import OptimConfig
 from training.errors import ConfigError
 
-__all__ = ["build_optimizer", "trainable_names", "set_lr"]
+__all__ = ["build_optimizer", "lr_scale_of", "trainable_names", "set_lr"]
 
 
-def build_optimizer(params: Sequence[torch.Tensor], optim: OptimConfig, *,
+def lr_scale_of(name: str, scales: dict[str, float]) -> float:
+    """The learning-rate multiplier of parameter ``name``: the first glob of ``scales`` it matches, else 1.
+
+    >>> lr_scale_of("net.head.weight", {"net.head.*": 5.0}), lr_scale_of("net.blocks.0.w", {"net.head.*": 5.0})
+    (5.0, 1.0)
+    """
+    return next((float(s) for pattern, s in scales.items() if fnmatch.fnmatchcase(name, pattern)), 1.0)
+
+
+def build_optimizer(params: Sequence[torch.Tensor], optim: OptimConfig, *, names: Sequence[str] | None = None,
                     foreach: bool | None = None) -> torch.optim.Optimizer:
     """The torch optimizer named by ``optim.name`` over ``params``: SGD (momentum), Adam or AdamW.
 
     SGD, Adam and AdamW update every coordinate independently, so the same optimizer over parameters
     stacked along a leading model axis (the batched engine) performs exactly each model's own update.
+    With ``optim.lr_scales`` every parameter gets its own group (in the order given, so the DP noise order is
+    unchanged) holding ``lr_scale``; :func:`set_lr` multiplies the step's rate by it (e.g. a faster head).
 
     Args:
         params: the tensors to optimise.
-        optim: name, learning rate, momentum, betas, weight decay.
+        optim: name, learning rate, momentum, betas, weight decay, lr_scales.
+        names: the parameters' names (needed with ``optim.lr_scales``).
         foreach: torch's multi-tensor implementation switch (None: torch's default for the device).
 
     Raises:
-        ConfigError: an unknown optimizer name.
+        ConfigError: an unknown optimizer name, or lr_scales without names.
     """
     params = list(params)
+    if optim.lr_scales:
+        if names is None or len(names) != len(params):
+            raise ConfigError("optim.lr_scales needs the parameters' names (this engine does not pass them)")
+        params = [{"params": [p], "lr_scale": lr_scale_of(n, optim.lr_scales),
+                   "lr": optim.lr * lr_scale_of(n, optim.lr_scales)} for n, p in zip(names, params)]
     if optim.name == "sgd":
         return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay,
                                foreach=foreach)
@@ -63,6 +81,6 @@ def trainable_names(model: nn.Module) -> list[str]:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set the learning rate of every parameter group."""
+    """Set the learning rate of every parameter group (times its ``lr_scale``, see :func:`build_optimizer`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

@@ -162,7 +162,8 @@ class BatchedTrainer:
         self.base = copy.deepcopy(self.models[0]).to("meta")
         self.base.train()
         self.shapes = [self.params[n].shape[1:] for n in self.names]
-        self.optimizer = build_optimizer(list(self.params.values()), recipe.optim, foreach=False)
+        self.optimizer = build_optimizer(list(self.params.values()), recipe.optim, names=list(self.params),
+                                         foreach=False)
         n = x.shape[0]
         # one extra all-zero example (index n) pads every model's batch to a common size
         dtype = self.params[self.names[0]].dtype

@@ -98,7 +98,7 @@ def train_single(*, model_factory: Callable[[], nn.Module], x: Tensor, y: Tensor
     names = trainable_names(model)
     named = dict(model.named_parameters())
     params = {n: named[n] for n in names}
-    optimizer = build_optimizer(list(params.values()), recipe.optim, foreach=False)
+    optimizer = build_optimizer(list(params.values()), recipe.optim, names=names, foreach=False)
     x, y = x.to(device, params[names[0]].dtype), y.to(device)
     ema_model = None
     if recipe.ema.decay is not None:
