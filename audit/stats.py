@@ -3,8 +3,8 @@
 One home, so that "pooled SD", "p" and "reproduced" mean the same thing in every table of ``results/reference``:
 
 * :func:`mean_sd` / :func:`fmt_mean_sd`: sample mean and sample SD (ddof = 1) over seeds, "m ± s (n=k)";
-* :func:`pooled_sd`: the within-group pooled SD √(Σ(nᵢ−1)sᵢ² / Σ(nᵢ−1)) (not the SD of all values together,
-  which adds the difference between the groups to the spread);
+* :func:`pooled_sd`: the within-group pooled SD √(Σ(nᵢ−1)sᵢ² / Σ(nᵢ−1)) (not the SD of all values
+  together, which adds the difference between the groups to the spread);
 * :func:`welch`: Welch's two-sample t-test (unequal variances, Welch–Satterthwaite df) with the confidence
   interval of the difference of means;
 * :func:`holm`, :func:`bonferroni`: family-wise corrections of p-values, needed whenever a best-of choice
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ALPHA", "mean_sd", "fmt_mean_sd", "pooled_sd", "WelchResult", "welch", "holm", "bonferroni", "verdict",
-           "mean_ci", "ChanceResult", "chance_test", "LinearFit", "linear_fit"]
+__all__ = ["ALPHA", "mean_sd", "fmt_mean_sd", "pooled_sd", "WelchResult", "welch", "welch_from_summary", "holm",
+           "bonferroni", "verdict", "mean_ci", "ChanceResult", "chance_test", "LinearFit", "linear_fit"]
 
 #: the significance level of every verdict in the seed-paper tables
 ALPHA = 0.05
@@ -107,23 +107,35 @@ def welch(a: Sequence[float], b: Sequence[float], *, level: float = 0.95) -> Wel
     >>> round(r.diff, 3), round(r.t, 3), round(r.df, 2), round(r.p, 4)
     (-3.167, -3.413, 3.81, 0.0291)
     """
+    (ma, sa, na), (mb, sb, nb) = mean_sd(a), mean_sd(b)
+    if na < 2 or nb < 2:
+        return None
+    return welch_from_summary(ma, sa, na, mb, sb, nb, level=level)
+
+
+def welch_from_summary(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int, *,
+                       level: float = 0.95) -> WelchResult:
+    """:func:`welch` from each group's mean, sample SD and size (what a published table gives).
+
+    Raises:
+        ValueError: a group of fewer than 2 or a negative SD.
+    """
     from scipy import stats
 
-    x, y = _finite(a), _finite(b)
-    if x.size < 2 or y.size < 2:
-        return None
-    diff = float(x.mean() - y.mean())
-    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    if n_a < 2 or n_b < 2 or sd_a < 0 or sd_b < 0:
+        raise ValueError(f"need n >= 2 and SD >= 0 in each group, got n = {n_a}, {n_b}, SD = {sd_a}, {sd_b}")
+    diff = float(mean_a - mean_b)
+    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
     se2 = va + vb
     if se2 == 0:
         p = 1.0 if diff == 0 else 0.0
-        return WelchResult(diff, 0.0 if diff == 0 else math.copysign(math.inf, diff), p, float(x.size + y.size - 2),
-                           diff, diff, int(x.size), int(y.size))
-    df = se2 ** 2 / (va ** 2 / (x.size - 1) + vb ** 2 / (y.size - 1))
+        return WelchResult(diff, 0.0 if diff == 0 else math.copysign(math.inf, diff), p, float(n_a + n_b - 2),
+                           diff, diff, int(n_a), int(n_b))
+    df = se2 ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
     t = diff / math.sqrt(se2)
     p = float(2 * stats.t.sf(abs(t), df))
     half = float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(se2)
-    return WelchResult(diff, float(t), p, float(df), diff - half, diff + half, int(x.size), int(y.size))
+    return WelchResult(diff, float(t), p, float(df), diff - half, diff + half, int(n_a), int(n_b))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

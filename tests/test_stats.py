@@ -25,6 +25,16 @@ def test_welch_matches_scipy_on_random_groups():
         assert got.diff == pytest.approx(a.mean() - b.mean())
 
 
+def test_welch_from_summary_matches_scipy_from_stats():
+    from audit.stats import welch_from_summary
+
+    ref = sps.ttest_ind_from_stats(18.6, 0.5, 3, 12.3, 2.5, 3, equal_var=False)
+    got = welch_from_summary(18.6, 0.5, 3, 12.3, 2.5, 3)
+    assert (got.t, got.p) == pytest.approx((ref.statistic, ref.pvalue))
+    with pytest.raises(ValueError):
+        welch_from_summary(1.0, 0.1, 1, 2.0, 0.1, 3)
+
+
 def test_welch_degenerate_groups():
     assert welch([1.0], [2.0, 3.0]) is None
     assert welch([1.0, 1.0], [1.0, 1.0]).p == 1.0

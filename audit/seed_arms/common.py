@@ -1,0 +1,240 @@
+"""What every seed-paper arm shares: its scale, its data, its phases, the one training loop, its measurements.
+
+An arm trains small models in memory with the project's own loop (:func:`training.recipes.finetune.finetune`, i.e.
+:func:`training.loop.run_phases` with the DP engine), so an arm can express what a config cannot (a DP phase with
+σ = 0, a head rate by parameter group, interpolated weights) while the DP steps stay exactly the project's.
+
+Data (:func:`load_arm_data`): one seeded draw of ``private + public + val`` training images, split by index into
+three disjoint sets (private: what DP protects; public: the non-DP pre-training data; val: held out for every
+selection, e.g. of a budget split), and the test split, whose first fixed draw of ``hessian_batch`` images
+(:data:`training.recipes.common.HELD_OUT_SEED`) is the tr(H) batch of every arm.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.config import DataConfig, ModelConfig, OptimConfig, PrivacyConfig
+from training.data import ImageSet, load_pool, load_test
+from training.phases import PhaseSpec
+
+__all__ = ["ArmScale", "ArmData", "load_arm_data", "build", "sigma_for", "phase", "train", "train_dynamic",
+           "TraceLogger", "test_acc", "head_names", "per_seed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmScale:
+    """Sizes, steps, seeds and privacy of every arm at one scale (see ``benchmarks/seed_arms.py`` for the named ones).
+
+    ``steps`` is the private (DP) phase of each arm; ``switch`` the public steps of the continual arms;
+    ``public_steps`` the Ganesh et al. sweep; tr(H) uses ``hessian_batch`` test images and ``hessian_probes`` probes
+    every ``hessian_every`` steps over ``trace_steps`` steps. σ is calibrated to ``epsilon`` by ``accountant``
+    unless ``noise_multiplier`` fixes it (then no ε is claimed: tests).
+    """
+
+    name: str
+    dataset: str = "cifar10"
+    root: str | None = "../shared/data/cifar10"
+    downstream: str = "food101"
+    downstream_root: str | None = "../shared/data/food101"
+    image_size: int | None = None
+    private: int = 2000
+    public: int = 1000
+    val: int = 500
+    test: int = 1000
+    arch: str = "small_cnn"
+    optim: str = "adamw"
+    lr: float = 0.002
+    head_lr_scale: float = 5.0
+    batch_size: int = 128
+    steps: int = 100
+    switch: int = 30
+    source_steps: int = 200
+    public_steps: tuple[int, ...] = (0, 10, 30, 100, 300)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    epsilon: float = 8.0
+    delta: float = 1e-5
+    clip: float = 1.0
+    hessian_batch: int = 256
+    hessian_probes: int = 32
+    hessian_every: int = 25
+    trace_steps: int = 200
+    knn_every: int = 20
+    barrier_points: int = 11
+    lp_fractions: tuple[float, ...] = (0.25, 0.5, 0.75)
+    accountant: str = "pld"
+    noise_multiplier: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in ("private", "public", "val", "test", "batch_size", "steps", "hessian_batch", "hessian_probes"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"ArmScale.{f} must be >= 1, got {getattr(self, f)}")
+        if not self.seeds:
+            raise ValueError("ArmScale.seeds must hold at least one seed")
+
+    def with_(self, **kw: Any) -> "ArmScale":
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class ArmData:
+    """Disjoint private / public / val training images, the test split and the fixed tr(H) batch."""
+
+    private: ImageSet
+    public: ImageSet
+    val: ImageSet
+    test: ImageSet
+    hessian_x: torch.Tensor
+    hessian_y: torch.Tensor
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.private.classes)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (3, *self.private.x.shape[1:3])
+
+
+def load_arm_data(scale: ArmScale, *, downstream: bool = False, device: torch.device | str = "cpu") -> ArmData:
+    """The arm data of ``scale`` (``downstream``: the fine-tuning dataset instead of the pre-training one).
+
+    Raises:
+        DataError: the dataset is missing or smaller than ``private + public + val``.
+    """
+    from training.errors import DataError
+    from training.recipes.common import HELD_OUT_SEED, held_out_batch
+
+    name, root = (scale.downstream, scale.downstream_root) if downstream else (scale.dataset, scale.root)
+    n = scale.private + scale.public + scale.val
+    cfg = DataConfig(dataset=name, root=root, pool_size=n, pool_seed=0, audit_split=False, test_size=scale.test,
+                     image_size=scale.image_size)
+    pool = load_pool(cfg)
+    if len(pool) < n:
+        raise DataError(f"{name} has {len(pool)} training images, the scale needs {n}")
+    test = load_test(cfg)
+    hx, hy = held_out_batch(test, size=scale.hessian_batch, seed=HELD_OUT_SEED, device=torch.device(device))
+    return ArmData(private=pool.subset(np.arange(scale.private)),
+                   public=pool.subset(np.arange(scale.private, scale.private + scale.public)),
+                   val=pool.subset(np.arange(scale.private + scale.public, n)), test=test, hessian_x=hx, hessian_y=hy)
+
+
+def build(scale: ArmScale, data: ArmData, *, seed: int, device: torch.device | str = "cpu") -> nn.Module:
+    """A fresh ``scale.arch`` for ``data``'s classes, initialised from ``seed``."""
+    from training.models import build_model
+
+    return build_model(ModelConfig(arch=scale.arch), num_classes=data.num_classes, input_shape=data.input_shape,
+                       seed=seed).module.to(device)
+
+
+def sigma_for(scale: ArmScale, *, n: int, steps: int, epsilon: float | None = None) -> float:
+    """σ of ``steps`` Poisson-sampled DP steps (q = B/n) at ``epsilon`` (default ``scale.epsilon``) by
+    ``scale.accountant`` (cached: a PLD calibration takes tens of seconds on a busy CPU); a fixed
+    ``scale.noise_multiplier`` instead when given (tests)."""
+    if scale.noise_multiplier is not None:
+        return float(scale.noise_multiplier)
+    return _sigma(float(epsilon or scale.epsilon), scale.batch_size / n, int(steps), scale.delta, scale.accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def _sigma(epsilon: float, q: float, steps: int, delta: float, accountant: str) -> float:
+    from training.accounting import noise_multiplier_for
+
+    return float(noise_multiplier_for(target_epsilon=epsilon, sample_rate=q, steps=steps, delta=delta,
+                                      accountant=accountant))
+
+
+def phase(name: str, images: ImageSet, *, scale: ArmScale, steps: int, sigma: float | None, seed: int, index: int,
+          lr: float | None = None, trainable: Sequence[str] | None = None, lr_scales: dict[str, float] | None = None,
+          members: np.ndarray | None = None) -> PhaseSpec:
+    """One phase on ``images`` (rows ``members``): DP with noise multiplier ``sigma`` (0 allowed: clipping only) or,
+    with ``sigma`` None, non-DP with shuffled batches; sampler seed = ``phase_seed(seed, index)``."""
+    from training.recipes.common import phase_seed
+
+    dp = sigma is not None
+    privacy = (PrivacyConfig(enabled=True, noise_multiplier=1.0, max_grad_norm=scale.clip) if dp
+               else PrivacyConfig(enabled=False, sampling="shuffle"))
+    optim = OptimConfig(name=scale.optim, lr=lr or scale.lr, lr_scales=dict(lr_scales or {}))
+    return PhaseSpec(name=name, dp=dp, dataset=scale.dataset, x=images.x, y=images.y, index=members,
+                     batch_size=min(scale.batch_size, len(images) if members is None else len(members)),
+                     steps=int(steps), sigma=float(sigma) if dp else None, privacy=privacy, optim=optim,
+                     sampler_seed=phase_seed(seed, index), trainable=tuple(trainable) if trainable else None)
+
+
+def train(model: nn.Module, phases: Sequence[PhaseSpec], *, seed: int, device: torch.device | str = "cpu",
+          on_step: Callable[[int, str, Any, nn.Module], None] | None = None) -> nn.Module:
+    """Run ``phases`` on ``model`` with the project's loop (:func:`training.recipes.finetune.finetune`)."""
+    from training.recipes.finetune import finetune
+
+    return finetune(model, list(phases), seed=seed, device=device, on_step=on_step).model
+
+
+def train_dynamic(model: nn.Module, next_phase: Callable[[list[dict[str, Any]]], Any], *, seed: int,
+                  device: torch.device | str = "cpu") -> tuple[nn.Module, list[dict[str, Any]]]:
+    """:func:`training.loop.run_phases` with a recipe-like ``next_phase`` (phases that end on a switch rule's
+    ``decide``); returns the model and the completed-phase records (their ``steps`` and ``reason``)."""
+    from training.loop import RunContext, run_phases
+
+    ctx = RunContext(run_dir=None, config_sha="", seed=int(seed), device=torch.device(device), logger=None,
+                     physical_batch_size=256, log_every=1, checkpoint_every=1, eval_every=0, test=None, delta=None,
+                     on_step=None)
+    trained = run_phases(ctx, model, next_phase)
+    return trained, ctx.completed
+
+
+class TraceLogger:
+    """tr(H) (Hutchinson, the data's fixed test batch) every ``every`` global steps, with its standard error.
+
+    Use :meth:`at_start` before training and pass :meth:`on_step` to :func:`train`.
+    """
+
+    def __init__(self, model: nn.Module, data: ArmData, *, scale: ArmScale, seed: int, every: int) -> None:
+        from training.hessian import HessianMonitor
+
+        self.monitor = HessianMonitor(copy.deepcopy(model), data.hessian_x, data.hessian_y,
+                                      probes=scale.hessian_probes, sigma=None, batch_size=1.0, clip_norm=1.0, seed=seed)
+        self.every = int(every)
+        self.rows: list[dict[str, float]] = []
+
+    def at_start(self, model: nn.Module) -> None:
+        self.rows.append({"step": 0, **self.monitor.measure(model, 0)})
+
+    def on_step(self, g: int, _name: str, _stats: Any, net: nn.Module) -> None:
+        if self.every and g % self.every == 0:
+            self.rows.append({"step": g, **self.monitor.measure(net, g)})
+
+
+def test_acc(model: nn.Module, images: ImageSet, device: torch.device | str = "cpu") -> float:
+    from training.evaluate import accuracy
+
+    return float(accuracy(model, images, device=device))
+
+
+def head_names(model: nn.Module) -> list[str]:
+    from training.recipes.finetune import head_parameter_names
+
+    return head_parameter_names(model)
+
+
+def per_seed(scale: ArmScale, fn: Callable[[int], dict[str, Any]], log: Callable[[str], None] | None = None
+             ) -> dict[str, list[Any]]:
+    """``{key: [value of seed 0, value of seed 1, ...]}`` of ``fn(seed)`` over ``scale.seeds``."""
+    out: dict[str, list[Any]] = {}
+    for s in scale.seeds:
+        res = fn(s)
+        if log:
+            log(f"  seed {s}: " + ", ".join(f"{k}={v:.3f}" for k, v in res.items()
+                                            if isinstance(v, float) and math.isfinite(v)))
+        for k, v in res.items():
+            out.setdefault(k, []).append(v)
+    return out

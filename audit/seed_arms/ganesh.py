@@ -1,0 +1,114 @@
+"""Ganesh et al. 2023: why public pre-training is necessary for private model training (Ganesh, Haghifam, Nasr,
+Oh, Steinke, Thakkar, Thakurta, Wang, "Why Is Public Pretraining Necessary for Private Model Training?", ICML 2023).
+
+Their account: non-convex training has an early phase of choosing a basin, which DP noise does badly and a
+little public data does well; within a basin, DP training is close to convex. Two measurements per seed:
+
+* the sweep: ``public_steps`` non-DP steps on the public images (snapshots of one run with a constant learning
+  rate), then ``steps`` DP steps on the private images at ε (σ by PLD), test accuracy per public budget;
+* the basin test: the loss barrier (:func:`loss_barrier`) on the private images along the straight line between
+  two DP runs that start from the *same public* initialisation (the largest public budget; different batches and
+  noise), against two DP runs from two *different random* initialisations. The hypothesis predicts a small
+  barrier for the first pair (one basin) and a larger one for the second.
+
+>>> alphas = [0.0, 0.5, 1.0]
+>>> loss_barrier(alphas, [1.0, 3.0, 2.0])  # 3 - (1 + 2) / 2
+1.5
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from audit.seed_arms.common import ArmScale, build, load_arm_data, per_seed, phase, sigma_for, test_acc, train
+
+__all__ = ["interpolate", "loss_barrier", "barrier_curve", "ganesh_arm"]
+
+
+def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+    """(1 − α)·a + α·b for every floating tensor of two state dicts of one architecture (others taken from a).
+
+    Raises:
+        ValueError: different keys or shapes.
+    """
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        raise ValueError("the two state dicts must have the same keys and shapes")
+    return {k: torch.lerp(a[k], b[k], float(alpha)) if torch.is_floating_point(a[k]) else a[k].clone() for k in a}
+
+
+def loss_barrier(alphas: Sequence[float], losses: Sequence[float]) -> float:
+    """max over α of L(α) − [(1 − α)·L(0) + α·L(1)]: how far the loss rises above the chord between the two end
+    points (0 at the end points, so ≥ 0; 0 for a convex loss; Frankle et al. 2020's linear mode connectivity).
+
+    Raises:
+        ValueError: fewer than 2 points, alphas not from 0 to 1 increasing, or lengths differ.
+    """
+    a, v = np.asarray(alphas, dtype=np.float64), np.asarray(losses, dtype=np.float64)
+    if a.shape != v.shape or a.size < 2 or a[0] != 0.0 or a[-1] != 1.0 or np.any(np.diff(a) <= 0):
+        raise ValueError("alphas must increase from 0 to 1 and match losses in length (>= 2 points)")
+    return float(np.max(v - ((1 - a) * v[0] + a * v[-1])))
+
+
+def barrier_curve(loss_at: Callable[[dict[str, torch.Tensor]], float], a: Mapping[str, torch.Tensor],
+                  b: Mapping[str, torch.Tensor], *, points: int) -> tuple[list[float], list[float]]:
+    """(alphas, losses) of ``loss_at`` at ``points`` evenly spaced states on the line from ``a`` to ``b``."""
+    alphas = [float(x) for x in np.linspace(0.0, 1.0, int(points))]
+    return alphas, [float(loss_at(interpolate(a, b, x))) for x in alphas]
+
+
+def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Per seed: test accuracy after each public budget then DP, and the loss barriers of the two pairs."""
+    from training.evaluate import mean_loss
+
+    data = load_arm_data(scale, device=device)
+    n, t = len(data.private), scale.steps
+    sigma = sigma_for(scale, n=n, steps=t)
+    budgets = sorted(set(scale.public_steps) | {0})
+    top = budgets[-1]
+
+    def dp(start: dict[str, torch.Tensor], seed: int, run_seed: int) -> torch.nn.Module:
+        model = build(scale, data, seed=seed, device=device)
+        model.load_state_dict(start)
+        return train(model, [phase("private", data.private, scale=scale, steps=t, sigma=sigma, seed=run_seed,
+                                   index=1)], seed=run_seed, device=device)
+
+    def one(seed: int) -> dict[str, Any]:
+        model = build(scale, data, seed=seed, device=device)
+        snaps = {0: copy.deepcopy(model.state_dict())}
+
+        def snap(g, _name, _stats, net):
+            if g in budgets:
+                snaps[g] = copy.deepcopy(net.state_dict())
+
+        if top > 0:
+            train(model, [phase("public", data.public, scale=scale, steps=top, sigma=None, seed=seed, index=0)],
+                  seed=seed, device=device, on_step=snap)
+        out: dict[str, Any] = {}
+        ends = {}
+        for k in budgets:
+            trained = dp(snaps[k], seed, seed)
+            out[f"public{k}_acc"] = test_acc(trained, data.test, device)
+            ends[k] = trained
+        probe = build(scale, data, seed=seed, device=device)
+
+        def loss_at(state):
+            probe.load_state_dict(state)
+            return mean_loss(probe, data.private, device=device)
+
+        same_b = dp(snaps[top], seed, seed + 1000).state_dict()
+        other_init = build(scale, data, seed=seed + 1000, device=device).state_dict()
+        rand_b = dp(other_init, seed + 1000, seed + 1000).state_dict()
+        for name, (a, b) in {"same_public": (ends[top].state_dict(), same_b),
+                             "random": (ends[0].state_dict(), rand_b)}.items():
+            alphas, losses = barrier_curve(loss_at, a, b, points=scale.barrier_points)
+            out[f"barrier_{name}"] = loss_barrier(alphas, losses)
+            out[f"barrier_{name}_curve"] = losses
+        return out
+
+    return {"arm": "ganesh", "scale": scale.name, "seeds": list(scale.seeds), "sigma": sigma, "budgets": budgets,
+            "per_seed": per_seed(scale, one, log)}

@@ -1,0 +1,116 @@
+"""Ke et al. 2024's misalignment cause, at equal backbone steps (Ke, Hou, Fanti, Oh, "On the Convergence of
+Differentially-Private Fine-tuning: To Linearly Probe or to Fully Fine-tune?", arXiv:2402.18905).
+
+One source model (non-DP on the public pre-training images, ``source_steps``); per seed, DP fine-tuning on the
+downstream private images with the head initialised ``random`` (the model's own initialisation), ``zero``, or
+``lp_aligned`` (a DP linear-probing phase first), every arm with the same ``steps`` of full fine-tuning (the same
+number of backbone updates) at the same ε (LP-FFT's budget split by :func:`training.recipes.budget.split_budget`,
+composed by PLD). The head's learning rate is ``head_lr_scale`` times the backbone's, by parameter group
+(``optim.lr_scales``), in every phase, so no arm's head learns slower than another's. kNN accuracy of the backbone
+features (:func:`audit.transfer.knn.knn_classify`, held-out ``val`` images queried against a bank of private
+ones) is logged every ``knn_every`` steps: feature quality over time. The LP share of ε is swept over
+``lp_fractions`` and chosen per seed on the held-out ``val`` images, never on the test images.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from audit.seed_arms.common import (ArmScale, build, head_names, load_arm_data, per_seed, phase, sigma_for, test_acc,
+                                    train)
+
+__all__ = ["ke_arm", "knn_quality"]
+
+HEAD_INITS = ("random", "zero")
+
+
+def knn_quality(model: torch.nn.Module, bank, query, *, device="cpu") -> float:
+    """kNN accuracy (k = 20, τ = 0.07) of ``model``'s backbone features: ``query`` images against ``bank``."""
+    from audit.transfer.features import extract_features
+    from audit.transfer.knn import knn_classify
+
+    fb = extract_features(model, bank.x, layers=["features"], device=device)["features"]
+    fq = extract_features(model, query.x, layers=["features"], device=device)["features"]
+    return float(knn_classify(train_features=fb, train_labels=bank.y, test_features=fq, test_labels=query.y,
+                              k=min(20, len(bank))).accuracy.accuracy)
+
+
+def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Per seed: test accuracy, final and over-time kNN quality of the head-init arms, and the LP-FFT split sweep
+    with its validation-selected split (see the module docstring)."""
+    from training.recipes.budget import split_budget
+    from training.recipes.finetune import head_seed, new_head
+
+    pre = load_arm_data(scale, device=device)
+    down = load_arm_data(scale, downstream=True, device=device)
+    source = train(build(scale, pre, seed=0, device=device),
+                   [phase("public", pre.public, scale=scale, steps=scale.source_steps, sigma=None, seed=0, index=0)],
+                   seed=0, device=device)
+    source_acc = test_acc(source, pre.test, device)
+    n, t = len(down.private), scale.steps
+    bank = down.private.subset(np.arange(min(len(down.private), 1000)))
+    t_lp = max(1, t // 2)
+    plans: dict[float, list] = {}  # the split's σs do not depend on the seed: calibrate once
+
+    def start(init: str, seed: int) -> tuple[torch.nn.Module, list[str], list[str]]:
+        model = copy.deepcopy(source)
+        head = new_head(model, down.num_classes, init=init, seed=head_seed(seed))
+        return model.to(device), head, [name for name, _ in model.named_parameters()]
+
+    def run(seed: int, init: str, plan: list, curve: list | None) -> torch.nn.Module:
+        model, head, every = start(init, seed)
+        scales = {h: scale.head_lr_scale for h in head}
+        phases = [phase(b.name, down.private, scale=scale, steps=b.steps, sigma=b.noise_multiplier, seed=seed,
+                        index=i, trainable=head if b.name == "lp" else every, lr_scales=scales)
+                  for i, b in enumerate(plan)]
+        hook = None
+        if curve is not None:
+            curve.append({"step": 0, "knn": knn_quality(model, bank, down.val, device=device)})
+
+            def hook(g, _name, _stats, net):
+                if g % scale.knn_every == 0:
+                    curve.append({"step": g, "knn": knn_quality(net, bank, down.val, device=device)})
+        return train(model, phases, seed=seed, device=device, on_step=hook)
+
+    def one(seed: int) -> dict[str, Any]:
+        from training.recipes.budget import PhaseBudget
+
+        out: dict[str, Any] = {}
+        fft = [PhaseBudget(name="fft", steps=t, noise_multiplier=sigma_for(scale, n=n, steps=t))]
+        for init in HEAD_INITS:
+            curve: list = []
+            model = run(seed, init, fft, curve)
+            out.update({f"{init}_acc": test_acc(model, down.test, device), f"{init}_val": test_acc(model, down.val,
+                                                                                                    device),
+                        f"{init}_knn": curve[-1]["knn"], f"{init}_knn_curve": curve})
+        for f in sorted(set(scale.lp_fractions) | {0.5}):  # 0.5 is also the lp_aligned head-init arm
+            if scale.noise_multiplier is not None:  # a fixed σ (tests): the same phases, no ε split
+                plan = [PhaseBudget(name=p, steps=k, noise_multiplier=scale.noise_multiplier)
+                        for p, k in (("lp", t_lp), ("fft", t))]
+            else:
+                plan = plans.get(f) or plans.setdefault(f, split_budget(
+                    strategy="lp_fft", split_by="epsilon", lp_fraction=f, total_steps=t_lp + t,
+                    sample_rate=scale.batch_size / n, delta=scale.delta, accountant=scale.accountant,
+                    target_epsilon=scale.epsilon, lp_steps_fraction=t_lp / (t_lp + t)))
+            curve = [] if f == 0.5 else None
+            model = run(seed, "random", plan, curve)
+            key = f"lpfft{int(round(100 * f))}"
+            out.update({f"{key}_acc": test_acc(model, down.test, device), f"{key}_val": test_acc(model, down.val,
+                                                                                                  device),
+                        f"{key}_sigmas": [b.noise_multiplier for b in plan]})
+            if curve is not None:
+                out.update({"lp_aligned_acc": out[f"{key}_acc"], "lp_aligned_knn": curve[-1]["knn"],
+                            "lp_aligned_knn_curve": curve})
+        keys = [f"lpfft{int(round(100 * f))}" for f in scale.lp_fractions]
+        chosen = max(keys, key=lambda k: out[f"{k}_val"])
+        out.update({"selected_split": chosen, "selected_acc": out[f"{chosen}_acc"]})
+        return out
+
+    return {"arm": "ke", "scale": scale.name, "seeds": list(scale.seeds), "source_test_acc": source_acc,
+            "fft_steps": t, "lp_steps": t_lp, "head_lr_scale": scale.head_lr_scale,
+            "per_seed": per_seed(scale, one, log)}

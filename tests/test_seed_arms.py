@@ -1,0 +1,118 @@
+"""The seed-paper arms (audit.seed_arms) on tiny digits scales: each arm's defining invariant, in seconds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from audit.seed_arms import ArmScale
+from audit.seed_arms.common import build, load_arm_data, phase, train
+
+TINY = ArmScale(name="tiny", dataset="digits", root=None, downstream="digits", downstream_root=None, private=120,
+                public=60, val=40, test=60, batch_size=20, steps=6, switch=2, source_steps=4, public_steps=(0, 2, 4),
+                seeds=(0,), hessian_batch=32, hessian_probes=2, hessian_every=3, trace_steps=6, knn_every=3,
+                barrier_points=3, lp_fractions=(0.25, 0.5), noise_multiplier=1.0, accountant="rdp")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_arm_data(TINY)
+
+
+def test_arm_data_is_disjoint_and_the_hessian_batch_is_fixed(data):
+    from training.recipes.public import overlap_mask
+
+    assert (len(data.private), len(data.public), len(data.val)) == (120, 60, 40)
+    assert not overlap_mask(data.public.x, data.private.x).any() and not overlap_mask(data.val.x, data.private.x).any()
+    again = load_arm_data(TINY.with_(seeds=(5,)))
+    assert torch.equal(again.hessian_x, data.hessian_x)
+
+
+def test_sigma_zero_phase_clips_but_adds_no_noise(data):
+    """The clipping-only arm: a DP step with σ = 0 reports noise std 0 (and clips), σ = 1 does not."""
+    seen = {}
+    for sigma in (0.0, 1.0):
+        stats = []
+        train(build(TINY, data, seed=0), [phase("private", data.private, scale=TINY.with_(clip=1e-3), steps=3,
+                                                sigma=sigma, seed=0, index=0)],
+              seed=0, on_step=lambda g, n, s, m: stats.append(s))
+        seen[sigma] = stats
+    assert all(s.noise_std == 0.0 for s in seen[0.0]) and all(s.noise_std > 0 for s in seen[1.0])
+    assert all(s.clipped_fraction > 0.9 for s in seen[0.0])
+
+
+@pytest.mark.parametrize("min_delta, patience, expected", [(1e6, 1, (2, "plateau")), (0.0, 50, (4, "max_public_steps"))])
+def test_plateau_switch_run_switches_as_specified(data, min_delta, patience, expected):
+    from audit.seed_arms.bu import plateau_switch_run
+
+    members = np.arange(0, 120, 2)
+    _, step, reason = plateau_switch_run(build(TINY, data, seed=0), data, TINY, members=members, seed=0,
+                                         max_public=4, eval_every=1, patience=patience, min_delta=min_delta)
+    # min_delta huge: nothing after the first evaluation improves -> switch at the second one; else the cap
+    assert (step, reason) == expected
+
+
+def test_continual_arm_reports_every_arm_with_membership_metrics():
+    from audit.seed_arms.bu import continual_arm
+
+    res = continual_arm(TINY)["per_seed"]
+    for arm in ("nondp", "clip_only", "scratch", "continual", "plateau"):
+        acc, auc = res[f"{arm}_acc"][0], res[f"{arm}_loss_auc"][0]
+        lo, hi = res[f"{arm}_loss_auc_lo"][0], res[f"{arm}_loss_auc_hi"][0]
+        assert 0 <= acc <= 1 and lo <= auc <= hi
+    assert 1 <= res["plateau_switch"][0] <= 2 * TINY.switch
+
+
+def test_trace_arm_measures_every_arm_on_the_same_batch():
+    from audit.seed_arms.bu import trace_arm
+
+    res = trace_arm(TINY)["per_seed"]
+    rows = {k: res[f"{k}_trace"][0] for k in ("pretrain_nondp", "pretrain_dp", "finetune_dp")}
+    assert [r["step"] for r in rows["pretrain_dp"]] == [0, 3, 6]
+    assert all(math.isfinite(r["trace_h_stderr"]) for rs in rows.values() for r in rs)
+    # same initial weights, same held-out images, same probes -> the same number at step 0
+    assert rows["pretrain_nondp"][0]["trace_h"] == rows["pretrain_dp"][0]["trace_h"]
+    assert rows["finetune_dp"][0]["trace_h"] != rows["pretrain_dp"][0]["trace_h"]
+
+
+def test_ke_arm_equal_backbone_start_and_validation_selection():
+    from audit.seed_arms.ke import ke_arm
+
+    res = ke_arm(TINY)
+    per = res["per_seed"]
+    # every head init starts from the same backbone: kNN quality of the features at step 0 is identical
+    first = {k: per[f"{k}_knn_curve"][0][0]["knn"] for k in ("random", "zero", "lp_aligned")}
+    assert len(set(first.values())) == 1
+    keys = ["lpfft25", "lpfft50"]
+    assert per["selected_split"][0] == max(keys, key=lambda k: per[f"{k}_val"][0])
+    assert per["lp_aligned_knn_curve"][0][-1]["step"] == res["lp_steps"] + res["fft_steps"]
+
+
+def test_loss_barrier_and_interpolation():
+    from audit.seed_arms.ganesh import barrier_curve, interpolate, loss_barrier
+
+    a, b = {"w": torch.tensor([-1.0]), "n": torch.tensor(3)}, {"w": torch.tensor([1.0]), "n": torch.tensor(4)}
+    assert torch.equal(interpolate(a, b, 0.0)["w"], a["w"]) and torch.equal(interpolate(a, b, 1.0)["w"], b["w"])
+    assert int(interpolate(a, b, 0.7)["n"]) == 3
+    alphas, losses = barrier_curve(lambda s: float((s["w"] ** 2 - 1) ** 2), a, b, points=11)
+    assert loss_barrier(alphas, losses) == pytest.approx(1.0)  # the double well: 1 at w = 0
+    alphas, losses = barrier_curve(lambda s: float(s["w"] ** 2), a, b, points=11)
+    assert loss_barrier(alphas, losses) == pytest.approx(0.0, abs=1e-12)  # convex: never above the chord
+    with pytest.raises(ValueError):
+        loss_barrier([0.0, 0.6, 0.5, 1.0], [1, 2, 3, 4])
+    with pytest.raises(ValueError):
+        interpolate(a, {"w": torch.zeros(2), "n": torch.tensor(1)}, 0.5)
+
+
+def test_ganesh_arm_sweeps_public_budgets_and_measures_both_barriers():
+    from audit.seed_arms.ganesh import ganesh_arm
+
+    res = ganesh_arm(TINY)
+    per = res["per_seed"]
+    assert res["budgets"] == [0, 2, 4] and all(f"public{k}_acc" in per for k in (0, 2, 4))
+    for name in ("same_public", "random"):
+        curve = per[f"barrier_{name}_curve"][0]
+        assert len(curve) == TINY.barrier_points and per[f"barrier_{name}"][0] >= 0
