@@ -46,7 +46,8 @@ def table_continual(scale: str = "cpu") -> str | None:
         eps = [m["privacy"]["epsilon"] for _, m, _ in runs]
         sig = [p["noise_multiplier"] for _, m, _ in runs for p in m["privacy"]["phases"] if p["dp"]]
         accs[key] = [x["test_accuracy"] for _, _, x in runs]
-        eps_s = "∞ (no claim)" if eps[0] is None else f"{statistics.mean(eps):.2f} ({m0['delta']:g}, {m0['accountant']})"
+        eps_s = ("∞ (no claim)" if eps[0] is None else
+                 f"{statistics.mean(eps):.2f} ({m0['delta']:g}, {m0['accountant']})")
         pub = sorted({_phase_steps(m, False) for _, m, _ in runs})
         dp = sorted({_phase_steps(m, True) for _, m, _ in runs})
         rows.append(f"| {label} | {len(runs)} | {eps_s} | {'/'.join(map(str, pub))} | {'/'.join(map(str, dp))} | "
@@ -100,8 +101,8 @@ def table_continual(scale: str = "cpu") -> str | None:
     cfg = scale_config("continual", SCALES[scale])
     return "\n".join([
         f"# DP continual pre-training vs DP from scratch vs non-DP (Bu et al. 2024, {scale} scale)", "",
-        remake("continual", scale) + f" (= `audit run {CONFIGS['continual'].relative_to(CONFIGS['continual'].parents[2])}"
-        " --steps train` per variant, then this table).", "",
+        remake("continual", scale) + " (= `audit run eval_configs/experiments/continual_pretrain.yaml --steps train` "
+        "per variant, then this table).", "",
         f"Setup (`{CONFIGS['continual'].name}`, scale `{scale}`): private = {cfg.data.pool_size} CIFAR-10 training "
         f"images (all members), `{cfg.model.arch}`, {cfg.optim.name} lr {cfg.optim.lr:g}, batch "
         f"{cfg.training.batch_size}, {cfg.training.steps} logical steps in total for every method (public steps "
@@ -153,8 +154,8 @@ def table_decelerator(scale: str = "cpu") -> str | None:
             f"{statistics.median(v):.0f}" if (v := [hist(x, "trace_h_stderr")[s] for _, _, x in runs
                                                    if s in hist(x, "trace_h_stderr")]) else "–" for s in steps) + " |")
         if key != "nondp":
-            dec_rows.append(f"| {label} | " + " | ".join(fmt_mean_sd([hist(x, "decelerator").get(s) for _, _, x in runs],
-                                                                      ".2f") for s in steps) + " |")
+            dec_rows.append(f"| {label} | " + " | ".join(
+                fmt_mean_sd([hist(x, "decelerator").get(s) for _, _, x in runs], ".2f") for s in steps) + " |")
     evals = defaultdict(list)
     for _, _, x in g.get("continual-dec", []):
         for e in x["continual"]["evaluations"]:

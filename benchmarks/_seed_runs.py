@@ -3,9 +3,9 @@
 A *scale* is the same experiment configs with other seeds, steps and sizes (:data:`SCALES`): ``cpu`` is what the
 configs in ``eval_configs/experiments`` hold except that tr(H) is measured 3 times with 8 probes (on a shared
 2-core CPU one 256-image, 32-probe estimate of the small CNN takes about a minute; the numbers in
-``results/reference`` come from this scale), ``full`` is the issue-16 scale (≥ 1,000 steps, 5 seeds, larger data; meant for a GPU) written to its own
-output directory, so ``python benchmarks/seed_papers.py run ALL --scale full && python benchmarks/seed_papers.py
-tables --scale full`` is the whole re-run.
+``results/reference`` come from this scale), ``full`` is the issue-16 scale (≥ 1,000 steps, 5 seeds, larger
+data; meant for a GPU) written to its own output directory, so ``python benchmarks/seed_papers.py run continual
+finetune_source finetune --scale full && python benchmarks/seed_papers.py tables --scale full`` is the whole re-run.
 
 Variants named ``<base>-s<seed>`` are re-drawn for the scale's seeds (the base variant's overrides with
 ``training.seed`` replaced), so a config lists each arm once per seed at CPU scale and the full scale adds seeds.

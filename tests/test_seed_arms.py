@@ -44,7 +44,8 @@ def test_sigma_zero_phase_clips_but_adds_no_noise(data):
     assert all(s.clipped_fraction > 0.9 for s in seen[0.0])
 
 
-@pytest.mark.parametrize("min_delta, patience, expected", [(1e6, 1, (2, "plateau")), (0.0, 50, (4, "max_public_steps"))])
+@pytest.mark.parametrize("min_delta, patience, expected",
+                         [(1e6, 1, (2, "plateau")), (0.0, 50, (4, "max_public_steps"))])
 def test_plateau_switch_run_switches_as_specified(data, min_delta, patience, expected):
     from audit.seed_arms.bu import plateau_switch_run
 

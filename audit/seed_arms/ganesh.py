@@ -30,7 +30,8 @@ from audit.seed_arms.common import ArmScale, build, load_arm_data, per_seed, pha
 __all__ = ["interpolate", "loss_barrier", "barrier_curve", "ganesh_arm"]
 
 
-def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float
+                ) -> dict[str, torch.Tensor]:
     """(1 − α)·a + α·b for every floating tensor of two state dicts of one architecture (others taken from a).
 
     Raises:

@@ -1,0 +1,87 @@
+"""Run the seed papers' extra arms (:mod:`audit.seed_arms`) at a named scale and keep their results as JSON.
+
+Usage (from the repository root; needs ``../shared/data``)::
+
+    python benchmarks/seed_arms.py run continual trace ke ganesh --scale cpu [--workers 2]
+    python benchmarks/seed_arms.py run continual trace ke ganesh --scale full     # issue 16's scale (a GPU)
+    python benchmarks/seed_findings.py --scale cpu                                # results/reference/seed_findings.md
+
+Each arm writes ``results/seed_arms/<scale>/<arm>.json`` (its per-seed numbers, the scale, wall time, machine);
+:mod:`seed_findings` turns them and the experiment tables into one claim-by-claim table. ``--workers`` runs arms
+in parallel processes of one torch thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from audit.seed_arms import ARMS, ArmScale  # noqa: E402
+
+#: the named scales; ``cpu`` finishes in minutes on a shared 2-core CPU, ``full`` is issue 16's (≥ 1,000 steps,
+#: 5 seeds, a non-DP CIFAR-10 model above 60 % needs the ResNet and a GPU)
+SCALES = {
+    "cpu": ArmScale(name="cpu", private=1000, public=500, val=300, test=500, batch_size=64, steps=60, switch=20,
+                    source_steps=150, public_steps=(0, 10, 30, 100), seeds=(0, 1), hessian_batch=256,
+                    hessian_probes=8, hessian_every=20, trace_steps=80, knn_every=20, barrier_points=7,
+                    accountant="rdp"),
+    "full": ArmScale(name="full", arch="resnet20_cifar", private=20000, public=5000, val=2000, test=10000,
+                     batch_size=256, steps=1000, switch=200, source_steps=3000, public_steps=(0, 10, 30, 100, 300),
+                     seeds=(0, 1, 2, 3, 4), hessian_batch=256, hessian_probes=32, hessian_every=50, trace_steps=1500,
+                     knn_every=100, barrier_points=21, accountant="pld"),
+}
+OUT = ROOT / "results/seed_arms"
+
+
+def run_arm(name: str, scale_name: str) -> tuple[str, float]:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    from training.device import resolve_device
+    from training.io import write_json
+
+    torch.set_num_threads(1)
+    os.chdir(ROOT)
+    scale = SCALES[scale_name]
+    device = resolve_device("auto")
+    t0 = time.perf_counter()
+    res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True))
+    secs = time.perf_counter() - t0
+    res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "
+                f"CPU cores, torch {torch.__version__}", "scale_settings": {k: v for k, v in vars(scale).items()}})
+    write_json(OUT / scale_name / f"{name}.json", res)
+    return name, secs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="run arms at a scale, write results/seed_arms/<scale>/<arm>.json")
+    p.add_argument("arms", nargs="+", choices=sorted(ARMS))
+    p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    p.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.workers <= 1:
+        for a in args.arms:
+            print(f"{a}: {run_arm(a, args.scale)[1]:.0f} s", flush=True)
+        return 0
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
+        for fut in as_completed([pool.submit(run_arm, a, args.scale) for a in args.arms]):
+            name, secs = fut.result()
+            print(f"{name}: {secs:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,251 @@
+"""``results/reference/seed_findings.md``: every seed-paper claim, our measurement, the test, the verdict, the command.
+
+Reads the continual-pretraining run directories (``benchmarks/seed_papers.py``), the arms' JSON
+(``benchmarks/seed_arms.py``) and, for Ke et al.'s budget-split table, the statistics of ``finetune_strategies.md``
+when its run directories are not on this machine. Every test is from :mod:`audit.stats`; a claim is "reproduced"
+only when its (corrected) test rejects at 0.05 in the paper's direction, "not reproduced" when it rejects in the
+other direction, "inconclusive" otherwise.
+
+    python benchmarks/seed_findings.py --scale cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from audit.stats import fmt_mean_sd, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
+from _seed_continual import peak_and_fall, sweep_points  # noqa: E402
+from _seed_runs import OUT, ROOT, groups  # noqa: E402
+
+ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
+RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
+
+
+def _pct(v: list[float]) -> str:
+    return f"{fmt_mean_sd(v, '.1f', 100)} %"
+
+
+def _row(paper: str, claim: str, measured: str, test: str, verdict_: str, cmd: str) -> str:
+    return f"| {paper} | {claim} | {measured} | {test} | **{verdict_}** | `{cmd}` |"
+
+
+def _test(a: list[float], b: list[float], *, family: int = 1, scale: float = 100) -> tuple[str, str, float]:
+    """(test text, verdict, corrected p) of mean(a) > mean(b) by Welch, Bonferroni/Holm-corrected over ``family``."""
+    r = welch(a, b)
+    if r is None:
+        return "too few seeds for a test", "inconclusive", math.nan
+    p = min(1.0, r.p * family)
+    corr = f", Holm/Bonferroni ×{family}: p = {p:.3f}" if family > 1 else ""
+    return (f"Welch: diff {r.diff * scale:+.1f}, p = {r.p:.3f}{corr}, n = {r.n_a}/{r.n_b}", verdict(diff=r.diff, p=p),
+            p)
+
+
+def continual_rows(scale: str) -> list[str]:
+    g = groups("continual", scale)
+    if not g:
+        return []
+    acc = {k: [x["test_accuracy"] for _, _, x in runs] for k, runs in g.items()}
+    cmd = RUNS_CMD.format(scale=scale) + " && python benchmarks/seed_papers.py tables"
+    rows = []
+    tests = [(k, welch(acc[k], acc["scratch"])) for k in ("continual", "continual-dec") if k in acc]
+    adj = holm([r.p for _, r in tests if r is not None])
+    for (k, r), p in zip([t for t in tests if t[1] is not None], adj):
+        what = "continual (fixed switch)" if k == "continual" else "continual (decelerator rule)"
+        rows.append(_row("Bu et al. 2024", f"DP continual pre-training > DP from scratch, equal ε and total steps "
+                         f"[{what}]", f"{_pct(acc[k])} vs {_pct(acc['scratch'])}",
+                         f"Welch p = {r.p:.3f}, Holm ×{len(adj)}: p = {p:.3f}", verdict(diff=r.diff, p=p), cmd))
+    sweep = sweep_points(g)
+    if sweep:
+        zero = next((k for s, k in sweep if s == 0), None)
+        others = [(s, k) for s, k in sweep if s > 0]
+        res = [(s, welch(acc[k], acc[zero])) for s, k in others] if zero else []
+        adj = holm([r.p for _, r in res]) if res else []
+        best = max(sweep, key=lambda sk: statistics.mean(acc[sk[1]]))
+        measured = "; ".join(f"{s}: {_pct(acc[k])}" for s, k in sweep)
+        if res:
+            i = max(range(len(res)), key=lambda j: res[j][1].diff)
+            rows.append(_row("Bu et al. 2024", "some public steps before DP beat none (switch-point sweep, equal total "
+                             "steps, σ by PLD)", measured, f"each k > 0 vs 0 by Welch, Holm over {len(res)}: best "
+                             f"k = {res[i][0]}, p = {adj[i]:.3f}", verdict(diff=res[i][1].diff, p=adj[i]), cmd))
+        if "continual-dec" in g:
+            sw = [x["continual"]["switch_step"] for _, _, x in g["continual-dec"]]
+            rows.append(_row("Bu et al. 2024", "the decelerator rule switches near the sweep's best point",
+                             f"rule: {statistics.mean(sw):.0f} public steps ({', '.join(map(str, sw))}); sweep best "
+                             f"mean: {best[0]} (picked on test accuracy, descriptive)", "none (descriptive)",
+                             "inconclusive", cmd))
+    return rows
+
+
+def _arm(scale: str, name: str) -> dict | None:
+    p = ROOT / "results/seed_arms" / scale / f"{name}.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def bu_arm_rows(scale: str) -> list[str]:
+    rows = []
+    c = _arm(scale, "continual")
+    if c:
+        ps, cmd = c["per_seed"], ARMS_CMD.format(arm="continual", scale=scale)
+        t, v, _ = _test(ps["clip_only_acc"], ps["scratch_acc"], family=2)
+        gap = welch(ps["nondp_acc"], ps["clip_only_acc"])
+        gap_s = (f"; non-DP − clip-only {100 * gap.diff:+.1f} points, 95 % CI [{100 * gap.ci_low:.1f}, "
+                 f"{100 * gap.ci_high:.1f}]" if gap else "")
+        rows.append(_row("Bu et al. 2024", "noise, not clipping, causes the degradation (σ = 0 clipping-only arm ≈ "
+                         "non-DP, > DP)", f"non-DP {_pct(ps['nondp_acc'])}, clip-only {_pct(ps['clip_only_acc'])}, "
+                         f"DP {_pct(ps['scratch_acc'])}{gap_s}", f"clip-only > DP: {t}", v, cmd))
+        t, v, _ = _test(ps["plateau_acc"], ps["scratch_acc"], family=2)
+        rows.append(_row("Bu et al. 2024", "the plateau switch rule (public val loss) gives a useful switch",
+                         f"switch at {ps['plateau_switch']} ({', '.join(ps['plateau_reason'])}); "
+                         f"{_pct(ps['plateau_acc'])} vs scratch {_pct(ps['scratch_acc'])}", f"plateau > scratch: {t}",
+                         v, cmd))
+        auc = {k: ps[f"{k}_loss_auc"] for k in ("nondp", "scratch", "continual", "plateau")}
+        t, v, _ = _test(auc["nondp"], auc["continual"], family=1, scale=1)
+        ci = f"[{min(ps['continual_loss_auc_lo']):.3f}, {max(ps['continual_loss_auc_hi']):.3f}]"
+        rows.append(_row("Bu et al. 2024", "continual checkpoints resist membership inference (the DP claim covers "
+                         "the private data)", "LOSS AUC: " + ", ".join(f"{k} {fmt_mean_sd(v_, '.3f')}"
+                                                                     for k, v_ in auc.items())
+                         + f"; continual's bootstrap CIs span {ci}", f"non-DP AUC > continual AUC: {t}", v, cmd))
+    tr = _arm(scale, "trace")
+    if tr:
+        ps, cmd = tr["per_seed"], ARMS_CMD.format(arm="trace", scale=scale)
+        shapes = []
+        for k in ("pretrain_nondp", "pretrain_dp"):
+            steps = sorted({r["step"] for rows_ in ps[f"{k}_trace"] for r in rows_})
+            curve = {s: mean_sd([next((r["trace_h"] for r in rows_ if r["step"] == s), None)
+                                 for rows_ in ps[f"{k}_trace"]]) for s in steps}
+            shape, peak = peak_and_fall(curve)
+            shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps")
+        any_fall = any("peak-and-fall" in s for s in shapes)
+        rows.append(_row("Bu et al. 2024", "tr(H) rises early in pre-training, then peaks and falls",
+                         "; ".join(shapes), "peak − last > 2 SE (SD over seeds / √n)",
+                         "reproduced" if any_fall else "inconclusive", cmd))
+        means = {k: [statistics.mean(r["trace_h"] for r in rows_ if r["step"] > 0) for rows_ in ps[f"{k}_trace"]]
+                 for k in ("pretrain_dp", "finetune_dp")}
+        t, v, _ = _test(means["pretrain_dp"], means["finetune_dp"], scale=1)
+        rows.append(_row("Bu et al. 2024", "tr(H) is smaller in (DP) fine-tuning than in (DP) pre-training",
+                         f"mean tr(H) over the run: pre-training {fmt_mean_sd(means['pretrain_dp'], '.0f')}, "
+                         f"fine-tuning {fmt_mean_sd(means['finetune_dp'], '.0f')}", f"pre-training > fine-tuning: {t}",
+                         v, cmd))
+    return rows
+
+
+def _finetune_summary() -> dict[tuple[str, int], tuple[float, float]]:
+    text = (OUT / "finetune_strategies.md").read_text() if (OUT / "finetune_strategies.md").is_file() else ""
+    out = {}
+    for m in re.finditer(r"^\| (DP-[^|]+?) \| (\d) \| 3 \| [^|]+ \| [^|]+ \| ([\d.]+) ± ([\d.]+) \|", text, re.M):
+        label = m.group(1)
+        key = {"DP-LP (head only)": "lp", "DP-FFT (all parameters)": "fft"}.get(label)
+        key = key or "lpfft" + re.search(r"(\d\d) %", label).group(1)
+        out[(key, int(m.group(2)))] = (float(m.group(3)), float(m.group(4)))
+    return out
+
+
+def ke_rows(scale: str) -> list[str]:
+    rows = []
+    s = _finetune_summary()
+    cmd = "python benchmarks/seed_papers.py run finetune_source finetune && python benchmarks/seed_papers.py tables"
+    for eps in (1, 8):
+        if ("fft", eps) not in s:
+            continue
+        for other, claim in (("fft", "DP-LP-FFT > DP-FFT ('LP first mitigates distortion')"),
+                             ("lp", "DP-LP-FFT > DP-LP")):
+            res = [(k, welch_from_summary(*s[(k, eps)], 3, *s[(other, eps)], 3)) for k in ("lpfft25", "lpfft50",
+                                                                                            "lpfft75")]
+            adj = holm([r.p for _, r in res])
+            i = max(range(3), key=lambda j: res[j][1].diff)
+            vs = [verdict(diff=r.diff, p=p) for (_, r), p in zip(res, adj)]
+            v = "reproduced" if "reproduced" in vs else "not reproduced" if vs.count("not reproduced") == 3 else \
+                "inconclusive"
+            near = " DP-FFT is near chance (10 %)." if other == "fft" else ""
+            rows.append(_row("Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies.md, 40 steps)",
+                             f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k, _ in res)} % vs "
+                             f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, 3 seeds.{near}",
+                             f"Welch per split, Holm over 3 splits: best p = {adj[i]:.3f}", v, cmd))
+    k = _arm(scale, "ke")
+    if k:
+        ps, cmd = k["per_seed"], ARMS_CMD.format(arm="ke", scale=scale)
+        t, v, _ = _test(ps["lp_aligned_acc"], ps["random_acc"], family=2)
+        rows.append(_row("Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
+                         f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
+                         f"LP-aligned {_pct(ps['lp_aligned_acc'])}, random {_pct(ps['random_acc'])}, zero "
+                         f"{_pct(ps['zero_acc'])}", f"LP-aligned > random: {t}", v, cmd))
+        t, v, _ = _test(ps["lp_aligned_knn"], ps["random_knn"], family=2)
+        rows.append(_row("Ke et al. 2024", "the misaligned (random) head distorts the features: kNN quality of the "
+                         "backbone after fine-tuning", f"kNN on held-out val: LP-aligned {_pct(ps['lp_aligned_knn'])}, "
+                         f"random {_pct(ps['random_knn'])}, zero {_pct(ps['zero_knn'])} (start "
+                         f"{_pct([c[0]['knn'] for c in ps['random_knn_curve']])})", f"LP-aligned > random: {t}", v,
+                         cmd))
+        t, v, _ = _test(ps["selected_acc"], ps["random_acc"])
+        rows.append(_row("Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data beats "
+                         "DP-FFT",
+                         f"selected {', '.join(ps['selected_split'])}: {_pct(ps['selected_acc'])} vs FFT "
+                         f"{_pct(ps['random_acc'])}", f"{t} (selection on val: no test-set correction needed)", v,
+                         cmd))
+    return rows
+
+
+def ganesh_rows(scale: str) -> list[str]:
+    g = _arm(scale, "ganesh")
+    if not g:
+        return []
+    ps, cmd = g["per_seed"], ARMS_CMD.format(arm="ganesh", scale=scale)
+    top = max(g["budgets"])
+    t, v, _ = _test(ps[f"public{top}_acc"], ps["public0_acc"])
+    rows = [_row("Ganesh et al. 2023", "public pre-training is necessary: DP accuracy grows with public steps",
+                 "; ".join(f"{k}: {_pct(ps[f'public{k}_acc'])}" for k in g["budgets"]),
+                 f"{top} public steps > 0: {t}", v, cmd)]
+    t, v, _ = _test(ps["barrier_random"], ps["barrier_same_public"], scale=1)
+    rows.append(_row("Ganesh et al. 2023", "one basin: the loss barrier between two DP runs from one public init is "
+                     "smaller than between DP runs from random inits",
+                     f"barrier (private train loss): same public init {fmt_mean_sd(ps['barrier_same_public'], '.3f')}, "
+                     f"random inits {fmt_mean_sd(ps['barrier_random'], '.3f')}", f"random > same: {t}", v, cmd))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from training.io import write_text
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", default="cpu")
+    args = parser.parse_args(argv)
+    rows = continual_rows(args.scale) + bu_arm_rows(args.scale) + ke_rows(args.scale) + ganesh_rows(args.scale)
+    scale_json = next((a for a in (_arm(args.scale, n) for n in ("continual", "ke", "ganesh", "trace")) if a), {})
+    text = "\n".join([
+        "# The seed papers' findings, claim by claim", "",
+        f"Re-make: `python benchmarks/seed_papers.py run continual --workers 2 && python benchmarks/seed_arms.py run "
+        f"continual trace ke ganesh --scale {args.scale} && python benchmarks/seed_findings.py --scale {args.scale}` "
+        "(the Ke et al. budget-split rows restate `finetune_strategies.md`).", "",
+        *SCALE_NOTE, "", f"Arm settings: `{json.dumps(scale_json.get('scale_settings', {}))}`", "",
+        "| paper | claim | our measurement (mean ± SD over seeds) | test (correction) | verdict | command |",
+        "|---|---|---|---|---|---|", *rows, "", *LEFT_OUT, ""])
+    write_text(OUT / "seed_findings.md", text)
+    print(text)
+    return 0
+
+
+SCALE_NOTE = [
+    "**Scale.** Everything here ran on a shared 2-core CPU. The issue's scale (≥ 1,000 steps, ≥ 5 seeds, a non-DP "
+    "CIFAR-10 model above 60 %) is **not reached**: the continual runs take 100 steps of a 24k-parameter CNN on "
+    "4,000 "
+    "images (3 seeds; non-DP ≈ 29 % test accuracy), the arms 60-80 steps on 1,000 images (2 seeds). So most verdicts "
+    "are 'inconclusive at this scale': a verdict says 'reproduced' or 'not reproduced' only when Welch's test, "
+    "corrected where several comparisons or a best-of choice were made, rejects at 0.05. `--scale full` of both "
+    "scripts is the issue's scale (ResNet-20, 5 seeds, 1,000+ steps; meant for a GPU).",
+]
+LEFT_OUT = [
+    "Not measured here: the representation law on a 12-block ViT across ε ∈ {1, 3, 8, ∞}, tuned vs untuned (issue 16, "
+    "item 5: needs a GPU). The geometric law on the 3-block CNN (`transfer.md`) is **inconclusive**: each fit has 3 "
+    "points and 1 residual degree of freedom, and every monotone 3-point sequence has R² ≥ 0.75.",
+]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
