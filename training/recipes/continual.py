@@ -96,12 +96,19 @@ class ContinualRecipe:
             sampler_seed=phase_seed(tc.seed, 0), training=tc)
         self._eval_batch = None
         if cc.switch == "decelerator":
-            rule_images = self.public.val if self.public.val is not None and len(self.public.val) else self.public.train
+            rule_images = self.public.val if (self.public.val is not None and len(self.public.val)) else (
+                self.public.train)
             self._eval_batch = held_out_batch(rule_images, size=tc.hessian.batch_size, seed=HELD_OUT_SEED,
                                               device=setup.device)
         fixed_sigma = self.sigma_for(0) if (pc.enabled and not cc.count_public_steps) else None
-        ctx.hessian = make_monitor(cfg, self.model, setup.pool.test, sigma=fixed_sigma, batch_size=tc.batch_size,
-                                   device=setup.device, what="data.test_split")
+        before, what = setup.pool.test, "data.test_split"
+        if self.public_classes != setup.num_classes and tc.hessian.every:  # the public head cannot score test labels
+            before, what = (self.public.val, "training.continual.public.test_split") if (
+                self.public.val is not None and len(self.public.val)) else (self.public.train, "public images")
+            setup.notes.append(f"tr(H) before the switch is measured on {what} (the public head has other classes "
+                               "than the test split); after it on the test split")
+        ctx.hessian = make_monitor(cfg, self.model, before, sigma=fixed_sigma, batch_size=tc.batch_size,
+                                   device=setup.device, what=what)
         if self.public.dropped:
             setup.notes.append(f"{self.public.dropped} public image(s) equal to private pool images were dropped "
                                "from the public phase")
