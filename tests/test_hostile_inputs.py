@@ -73,7 +73,7 @@ BAD_VALUES = [
     # choices and names
     (["training.device=tpu"], r"training\.device: Input should be 'auto', 'cpu' or 'cuda'"),
     (["optim.name=lion"], r"optim\.name: Input should be 'sgd', 'adam' or 'adamw', got 'lion'"),
-    (["privacy.accountant=gdp"], r"privacy\.accountant: Input should be 'prv' or 'rdp'"),
+    (["privacy.accountant=gdp"], r"privacy\.accountant: Input should be 'prv', 'rdp' or 'pld'"),
     (["privacy.sampling=foo"], r"privacy\.sampling: Input should be 'poisson' or 'shuffle'"),
     (["privacy.clipping=none"], r"privacy\.clipping"),
     (["training.canaries.kind=x"], r"training\.canaries\.kind: Input should be 'mislabel' or 'ood'"),
