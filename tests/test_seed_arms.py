@@ -31,6 +31,17 @@ def test_arm_data_is_disjoint_and_the_hessian_batch_is_fixed(data):
     assert torch.equal(again.hessian_x, data.hessian_x)
 
 
+
+def test_arm_splits_mix_classes_of_a_file_sorted_by_class(tmp_path):
+    """Food-101's arrays are sorted by class: an index split would give the val set classes never trained on."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 300), ("test", 50)):
+        np.savez(tmp_path / f"{split}.npz", x=rng.integers(0, 255, (n, 8, 8, 3), dtype=np.uint8),
+                 y=np.repeat(np.arange(10), n // 10).astype(np.int64))
+    d = load_arm_data(TINY.with_(dataset="npz", root=str(tmp_path)))
+    assert all(len(np.unique(s.y)) == 10 for s in (d.private, d.public, d.val))
+
+
 def test_sigma_zero_phase_clips_but_adds_no_noise(data):
     """The clipping-only arm: a DP step with σ = 0 reports noise std 0 (and clips), σ = 1 does not."""
     seen = {}

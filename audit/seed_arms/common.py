@@ -4,8 +4,8 @@ An arm trains small models in memory with the project's own loop (:func:`trainin
 :func:`training.loop.run_phases` with the DP engine), so an arm can express what a config cannot (a DP phase with
 σ = 0, a head rate by parameter group, interpolated weights) while the DP steps stay exactly the project's.
 
-Data (:func:`load_arm_data`): one seeded draw of ``private + public + val`` training images, split by index into
-three disjoint sets (private: what DP protects; public: the non-DP pre-training data; val: held out for every
+Data (:func:`load_arm_data`): one seeded draw of ``private + public + val`` training images, shuffled by a fixed
+permutation (some array files are sorted by class) and split into three disjoint sets (private: what DP protects; public: the non-DP pre-training data; val: held out for every
 selection, e.g. of a budget split), and the test split, whose first fixed draw of ``hessian_batch`` images
 (:data:`training.recipes.common.HELD_OUT_SEED`) is the tr(H) batch of every arm.
 """
@@ -124,9 +124,11 @@ def load_arm_data(scale: ArmScale, *, downstream: bool = False, device: torch.de
         raise DataError(f"{name} has {len(pool)} training images, the scale needs {n}")
     test = load_test(cfg)
     hx, hy = held_out_batch(test, size=scale.hessian_batch, seed=HELD_OUT_SEED, device=torch.device(device))
-    return ArmData(private=pool.subset(np.arange(scale.private)),
-                   public=pool.subset(np.arange(scale.private, scale.private + scale.public)),
-                   val=pool.subset(np.arange(scale.private + scale.public, n)), test=test, hessian_x=hx, hessian_y=hy)
+    # a fixed permutation first: a pool subset keeps the file's order, and some files are sorted by class
+    order = np.random.default_rng([0, 0x53504C54]).permutation(len(pool))[:n]
+    return ArmData(private=pool.subset(order[:scale.private]),
+                   public=pool.subset(order[scale.private:scale.private + scale.public]),
+                   val=pool.subset(order[scale.private + scale.public:]), test=test, hessian_x=hx, hessian_y=hy)
 
 
 def build(scale: ArmScale, data: ArmData, *, seed: int, device: torch.device | str = "cpu") -> nn.Module:
