@@ -109,7 +109,9 @@ def summary_table(results: dict[str, dict[str, Any]]) -> list[str]:
            "|---|---|---|---|---|---|"]
 
     def ms(v: list[float]) -> str:
-        return f"{100 * np.mean(v):.1f} ± {100 * np.std(v, ddof=1):.1f}" if len(v) > 1 else f"{100 * v[0]:.1f}"
+        from audit.stats import fmt_mean_sd
+
+        return fmt_mean_sd(v, ".1f", 100)
 
     for (method, ds), e in by.items():
         rho = f"{np.mean(e['rho']):.3f}" if e["rho"] else "—"
