@@ -241,7 +241,9 @@ SCALE_NOTE = [
     "**Scale.** Everything here ran on a shared 2-core CPU. The issue's scale (≥ 1,000 steps, ≥ 5 seeds, a non-DP "
     "CIFAR-10 model above 60 %) is **not reached**: the continual runs take 100 steps of a 24k-parameter CNN on "
     "4,000 "
-    "images (3 seeds; non-DP ≈ 29 % test accuracy), the arms 60-80 steps on 1,000 images (2 seeds). So most verdicts "
+    "images (3 seeds; non-DP ≈ 29 % test accuracy), the arms 60-80 steps on 1,000 images (2 seeds; non-DP ≈ 23 %; σ "
+    "calibrated by RDP, a valid upper bound, because one PLD calibration takes about a minute here; tr(H) with 256 "
+    "images and 8 probes, its standard error in the JSON). So most verdicts "
     "are 'inconclusive at this scale': a verdict says 'reproduced' or 'not reproduced' only when Welch's test, "
     "corrected where several comparisons or a best-of choice were made, rejects at 0.05. `--scale full` of both "
     "scripts is the issue's scale (ResNet-20, 5 seeds, 1,000+ steps; meant for a GPU).",
