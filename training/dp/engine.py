@@ -44,6 +44,7 @@ from training.dp.recipe import TrainRecipe
 from training.dp.stepper import LossFn, StepStats, Stepper, _Criterion, cross_entropy_per_example
 from training.distributed import SINGLE, World
 from training.errors import ConfigError
+from training.models.dp_compat import opacus_inexact_layers
 
 __all__ = ["StepStats", "Stepper", "make_stepper", "cross_entropy_per_example"]
 
@@ -146,6 +147,13 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
     if problems:
         raise ConfigError(f"the model cannot be trained with DP: {'; '.join(problems[:3])}; replace BatchNorm by "
                           "GroupNorm (model.fix_batchnorm: true) or freeze those layers")
+    if recipe.grad_sample_mode in ("hooks", "ghost"):
+        inexact = opacus_inexact_layers(model)
+        if inexact:
+            raise ConfigError(f"privacy.grad_sample_mode: {recipe.grad_sample_mode}: Opacus computes wrong per-sample "
+                              f"gradients for {', '.join(inexact[:3])}{' ...' if len(inexact) > 3 else ''}; use "
+                              "grad_sample_mode: bk or functorch (exact for these layers), or padding_mode='zeros' / "
+                              "no padding_idx in the model")
     C = float(recipe.max_grad_norm)
     dp_kwargs = dict(noise_multiplier=float(recipe.noise_multiplier), expected_batch_size=float(recipe.batch_size),
                      loss_reduction="mean", generator=generator, secure_mode=recipe.secure_mode)

@@ -30,7 +30,7 @@ from training.errors import ConfigError
 from training.models.small import group_count
 
 __all__ = ["replace_batchnorm", "dp_issues", "apply_freeze", "batchnorm_layers", "frozen_parameters",
-           "freeze_functorch_unsafe"]
+           "freeze_functorch_unsafe", "opacus_inexact_layers"]
 
 
 def _join(prefix: str, name: str) -> str:
@@ -150,6 +150,31 @@ def freeze_functorch_unsafe(net: nn.Module, *, root_is_called: bool, prefix: str
         names = ", ".join(_join(_join(prefix, name), n) for n in own)
         notes.append(f"{names} ({type(m).__name__}) frozen: {reason} (no exact per-sample gradients)")
     return notes
+
+
+def opacus_inexact_layers(module: nn.Module) -> list[str]:
+    """Trainable layers whose per-sample gradient Opacus's own grad samplers (``hooks``, and the norms of ghost
+    clipping) get wrong, as ``"name (why)"``.
+
+    Checked against a batch-size-1 loop with Opacus 1.6: a Conv2d whose ``padding_mode`` is not ``zeros``
+    (reflect, replicate, circular: the sampler unfolds the input with zero padding) and an Embedding with a
+    ``padding_idx`` (the sampler gives the padding row a gradient that autograd does not). ``functorch`` (autograd
+    of the real layer) and ``bk`` are exact for both.
+
+    >>> from torch import nn
+    >>> opacus_inexact_layers(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Conv2d(4, 4, 1),
+    ...                                     nn.Embedding(5, 2, padding_idx=0)))
+    ["0 (Conv2d padding_mode='reflect')", '2 (Embedding padding_idx=0)']
+    """
+    out = []
+    for name, m in module.named_modules():
+        if not any(p.requires_grad for p in m.parameters(recurse=False)):
+            continue
+        if isinstance(m, nn.modules.conv._ConvNd) and m.padding_mode != "zeros" and m.weight.requires_grad:
+            out.append(f"{name} ({type(m).__name__} padding_mode={m.padding_mode!r})")
+        elif isinstance(m, nn.Embedding) and m.padding_idx is not None and m.weight.requires_grad:
+            out.append(f"{name} (Embedding padding_idx={m.padding_idx})")
+    return out
 
 
 def _first_sentence(text: str) -> str:
