@@ -66,6 +66,11 @@ BAD_VALUES = [
     (["training.steps=1.5"], r"training\.steps: Input should be a valid integer, got a number with a fractional"),
     (["training.steps=yes"], r"training\.steps: Input should not be a boolean"),
     (["optim.lr=true"], r"optim\.lr: Input should not be a boolean"),
+    (["privacy.enabled=1"], r"privacy\.enabled: Input should be true or false \(a YAML boolean\), got 1"),
+    (["privacy.enabled=0"], r"privacy\.enabled: Input should be true or false \(a YAML boolean\), got 0"),
+    (["privacy.enabled='no'"], r"privacy\.enabled: Input should be true or false \(a YAML boolean\), got 'no'"),
+    (["data.stream=1"], r"data\.stream: Input should be true or false \(a YAML boolean\) or 'auto', got 1"),
+    (["training.augment.flip=1"], r"training\.augment\.flip: Input should be true or false"),
     (["optim.lr=fast"], r"optim\.lr: Input should be a valid number"),
     (["data=5"], r"data: Input should be a valid dictionary"),
     (["name=null"], r"name: Input should be a valid string"),
@@ -102,6 +107,42 @@ def test_bad_config_values_stop_before_training(tmp_path, overrides, pattern):
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs")
     assert_error(cli("train", cfg, "--no-progress", *[a for o in overrides for a in ("--set", o)]), pattern)
     assert not (tmp_path / "runs" / "tiny").exists()  # refused before any work: no run directory
+
+
+def _switches(model, prefix=""):
+    """Every field of ``model`` and its sections whose values include true/false, as (dotted name, field)."""
+    from pydantic import BaseModel
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from _switches(field.annotation, f"{prefix}{name}.")
+        elif field.annotation is bool or bool in getattr(field.annotation, "__args__", ()):
+            yield f"{prefix}{name}", field
+
+
+def test_every_switch_of_every_config_section_takes_only_true_or_false():
+    """pydantic's lax mode reads 1, 0, "yes" and "off" as booleans: ``privacy.enabled: 1`` would pass as True."""
+    from audit.config import RunConfig
+    from audit.transfer.suite import FinetuneProtocol, KnnProtocol, LinearProbeProtocol, TransferDataset
+    from training.config import apply_overrides, validate_config
+    from training.errors import ConfigError
+
+    base = {"privacy": {"enabled": True, "target_epsilon": 8.0}, "training": {"steps": 1}}
+    switches = list(_switches(RunConfig))
+    assert {"privacy.enabled", "data.stream", "attack.flip", "epsilon.fdp", "report.pdf",
+            "training.continual.public.audit_split"} <= {n for n, _ in switches}
+    for name, _ in switches:
+        for value in (True, False):  # YAML true/false keep working
+            cfg = validate_config(apply_overrides(base, [f"{name}={str(value).lower()}"]), RunConfig)
+            assert cfg.model_dump()[name.split(".")[0]] is not None
+        for value in (1, 0, "yes", "false", 1.0, None):
+            with pytest.raises(ConfigError, match=rf"{re.escape(name)}: Input should be true or false"):
+                validate_config(apply_overrides(base, [f"{name}={value!r}" if isinstance(value, str) else
+                                                       f"{name}={'null' if value is None else value}"]), RunConfig)
+    assert validate_config(apply_overrides(base, ["data.stream=auto"]), RunConfig).data.stream == "auto"
+    for section in (TransferDataset, LinearProbeProtocol, KnnProtocol, FinetuneProtocol):
+        for name, _ in _switches(section):
+            with pytest.raises(Exception, match="Input should be true or false"):
+                section.model_validate({name: 1})
 
 
 DEEP = "[" * 20000 + "]" * 20000
