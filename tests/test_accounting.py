@@ -101,6 +101,16 @@ def test_unreachable_target_is_a_clear_user_error():
         noise_multiplier_for(target_epsilon=1e-4, sample_rate=1.0, steps=100_000, delta=1e-5, accountant="rdp")
 
 
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_a_target_met_without_meaningful_noise_is_refused(accountant):
+    """ε = 1e9 used to calibrate to the search's floor σ ≈ 0.001 and train an all-but-noiseless "DP" model."""
+    with pytest.raises(UserError, match=r"target epsilon 1e\+09 needs no meaningful noise .* train without DP"):
+        noise_multiplier_for(target_epsilon=1e9, sample_rate=0.01, steps=1000, delta=1e-5, accountant=accountant)
+    # the largest target a config accepts still calibrates to real noise
+    sigma = noise_multiplier_for(target_epsilon=100.0, sample_rate=0.01, steps=1000, delta=1e-5, accountant=accountant)
+    assert 0.1 < sigma < 1.0
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(noise_multiplier=0.0, sample_rate=0.1, steps=1), "noise_multiplier"),
     (dict(noise_multiplier=-1.0, sample_rate=0.1, steps=1), "noise_multiplier"),

@@ -59,6 +59,9 @@ BAD_VALUES = [
     (["privacy.noise_multiplier=null", "privacy.target_epsilon=.inf"], r"privacy\.target_epsilon: .* finite"),
     (["privacy.noise_multiplier=null", "privacy.target_epsilon=1e-6"],
      r"target epsilon 1e-06 is unreachable .* raise the target epsilon or delta"),
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=1e9"],
+     r"privacy\.target_epsilon=1e\+09 is above 100: .*bounds no attack.* set privacy\.enabled: false"),
+    (["privacy.noise_multiplier=null", "privacy.target_epsilon=100.5"], r"privacy\.target_epsilon=100\.5 is above 100"),
     (["privacy.target_epsilon=2"], r"give privacy\.noise_multiplier or privacy\.target_epsilon, not both"),
     (["privacy.noise_multiplier=null"], r"set privacy\.target_epsilon or privacy\.noise_multiplier"),
     # wrong types

@@ -25,11 +25,19 @@ from pydantic_core import PydanticCustomError
 
 from training.errors import ConfigError
 
+#: Largest ``privacy.target_epsilon``. ε bounds the ratio of any outcome's probability with and without one example
+#: by e^ε: at ε = 100 that is 2.7e43, a guarantee that rules out no attack (deployed DP uses ε ≲ 10), and the
+#: calibration already lands near σ ≈ 0.15-0.3, where the tight accountants fall back to RDP. Above it (ε = 1e9
+#: calibrated to σ ≈ 0.001, the search's floor) a "DP" run is a non-DP run with a meaningless label; train
+#: without DP with ``privacy.enabled: false``.
+MAX_TARGET_EPSILON = 100.0
+
 #: Largest ``data.image_size``: a pool is held in memory as uint8 N×S×S×3 (S = 1024: 3 MB per image).
 MAX_IMAGE_SIZE = 1024
 
 __all__ = [
     "MAX_IMAGE_SIZE",
+    "MAX_TARGET_EPSILON",
     "Strict",
     "DataConfig",
     "ModelConfig",
@@ -175,6 +183,11 @@ class PrivacyConfig(Strict):
     def _check(self) -> "PrivacyConfig":
         if self.target_epsilon is not None and not self.target_epsilon > 0:
             raise ValueError(f"privacy.target_epsilon must be > 0, got {self.target_epsilon}")
+        if self.enabled and self.target_epsilon is not None and self.target_epsilon > MAX_TARGET_EPSILON:
+            raise ValueError(f"privacy.target_epsilon={self.target_epsilon:g} is above {MAX_TARGET_EPSILON:g}: an "
+                             f"epsilon that large bounds no attack (each outcome's odds may change by e^epsilon; "
+                             f"meaningful guarantees are epsilon <= ~10); set privacy.enabled: false to train "
+                             f"without DP")
         if self.delta is not None and not 0.0 < self.delta < 1.0:
             raise ValueError(f"privacy.delta must be in (0, 1), got {self.delta}")
         if self.enabled and self.noise_multiplier is not None and not self.noise_multiplier > 0:

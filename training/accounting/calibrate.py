@@ -35,7 +35,8 @@ def noise_multiplier_for(*, target_epsilon: float, sample_rate: float, steps: in
         σ > 0.
 
     Raises:
-        UserError: if an argument is out of range, or the target is unreachable (needs σ > 1e4).
+        UserError: if an argument is out of range, or the target is unreachable (needs σ > 1e4), or so large that
+            σ < 1e-3 meets it (no meaningful noise: train without DP instead).
 
     >>> from training.accounting.epsilon import epsilon_for
     >>> sigma = noise_multiplier_for(target_epsilon=2.0, sample_rate=0.01, steps=1000, delta=1e-5,
@@ -60,6 +61,12 @@ def noise_multiplier_for(*, target_epsilon: float, sample_rate: float, steps: in
         return epsilon_of_active([phase], delta, acc, warn=False)
 
     log_target = math.log(target_epsilon)
+
+    def no_noise(sigma: float, epsilon: float) -> UserError:
+        return UserError(
+            f"target epsilon {target_epsilon:g} needs no meaningful noise (sigma={sigma:.2g} already gives epsilon "
+            f"{epsilon:.3g} with sample rate {sample_rate:g}, {steps} steps and delta {delta:g}); an epsilon that "
+            "large bounds no attack: choose a meaningful target (epsilon <= ~10) or train without DP")
 
     def search(acc: str, lo: float, e_lo: float, hi: float, e_hi: float) -> float:
         """Illinois false position on log ε vs log σ; invariant e_lo > target >= e_hi, returns hi."""
@@ -101,7 +108,7 @@ def noise_multiplier_for(*, target_epsilon: float, sample_rate: float, steps: in
     eps_lo = eps("rdp", lo)
     while eps_lo <= target_epsilon:  # only when hi stayed at 1.0: move the bracket down
         if lo < _MIN_SIGMA:
-            return lo
+            raise no_noise(lo, eps_lo)
         hi, eps_hi, lo = lo, eps_lo, lo / 2.0
         eps_lo = eps("rdp", lo)
     sigma_rdp = search("rdp", lo, eps_lo, hi, eps_hi)
@@ -117,7 +124,7 @@ def noise_multiplier_for(*, target_epsilon: float, sample_rate: float, steps: in
     eps_lo = eps(accountant, lo)
     while eps_lo <= target_epsilon:
         if lo < _MIN_SIGMA:
-            return lo
+            raise no_noise(lo, eps_lo)
         hi, eps_hi, lo = lo, eps_lo, 0.85 * lo
         eps_lo = eps(accountant, lo)
     return search(accountant, lo, eps_lo, hi, eps_hi)
