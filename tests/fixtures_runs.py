@@ -193,12 +193,14 @@ def make_run(
                                           "steps": 1250, "epsilon_spent": epsilon if dp else None,
                                           "final_loss": 0.61234})
     claimed = epsilon if dp else float("inf")
+    identity = {"weights_sha256": manifest.model.weights_sha256, "membership_sha256": manifest.data.membership_sha256,
+                "pool_fingerprint": manifest.data.pool_fingerprint}
     if with_attack:
         n_non = pool_size - n_members
         entries = {name: attack_entry(leakage * (0.3 + 0.25 * ALL_ATTACKS.index(name)), n_members=n_members,
                                        n_nonmembers=n_non, pool_size=pool_size, rng=rng) for name in attacks}
         write_attack_file(run, AttackFile(
-            run=run.name, inputs={"weights_sha256": manifest.model.weights_sha256},
+            run=run.name, inputs=identity,
             setup=AttackSetup(n_reference=n_reference, augmentations=["identity", "flip"], pool_size=pool_size,
                               n_members=n_members, n_population=100, evaluation="target", recipe_hash="1234abcd",
                               executor="sequential", shadow_train_seconds=1.5),
@@ -212,7 +214,7 @@ def make_run(
         estimates = (SourcedEstimate(source="pool", estimate=one_run, in_verdict=True),
                      SourcedEstimate(source="pool", estimate=gdp, in_verdict=False))
         write_epsilon_file(run, EpsilonReport(
-            run=run.name, inputs={"weights_sha256": manifest.model.weights_sha256}, claimed_epsilon=claimed,
+            run=run.name, inputs=identity, claimed_epsilon=claimed,
             delta=delta, alpha=0.05, estimates=estimates, skipped=(),
             verdict=judge_estimates(claimed_epsilon=claimed, delta=delta, estimates=estimates)).to_file())
     if with_transfer:

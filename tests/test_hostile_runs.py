@@ -301,6 +301,10 @@ def test_honest_claim_passes_the_claim_check(run):
 
 # --------------------------------------------------------------------------------------- report and gate
 
+def _write(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
 PAYLOAD = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 
 
@@ -321,7 +325,15 @@ def test_html_in_a_run_directory_is_escaped_in_the_report(tmp_path, where):
     (lambda r: update_json(r, "attack.json", lambda a: a.__setitem__("format", "evil/9")), "attack"),
     (lambda r: (r / "epsilon.json").write_text("[]"), "epsilon"),
     (lambda r: (r / "manifest.json").write_text("{broken"), "manifest .* is not valid JSON"),
-], ids=["attack-not-json", "attack-format", "epsilon-list", "manifest-not-json"])
+    # result files made for other weights or data: stale after a retrain, or copied from another run
+    (lambda r: (_write(r / "model.safetensors", b"retrained"), rehash(r)),
+     r"attack\.json was not made for this run \(weights_sha256 .* re-make it with 'audit attack "),
+    (lambda r: shutil.copy(make_run(r.parent / "other", seed=1) / "epsilon.json", r / "epsilon.json"),
+     r"epsilon\.json was not made for this run \(membership_sha256 .*pool_fingerprint .*'audit epsilon "),
+    (lambda r: update_json(r, "attack.json", lambda a: a.__setitem__("inputs", {})),
+     r"attack\.json was not made for this run \(weights_sha256 None"),
+], ids=["attack-not-json", "attack-format", "epsilon-list", "manifest-not-json", "weights-changed-after-attack",
+        "epsilon-of-another-run", "attack-without-inputs"])
 @pytest.mark.parametrize("command", ["report", "gate"])
 def test_report_and_gate_refuse_corrupt_result_files(tmp_path, damage, pattern, command):
     run = make_run(tmp_path / "r")

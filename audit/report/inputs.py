@@ -5,7 +5,9 @@ A run directory holds ``manifest.json`` (always) and, once the matching command 
 ``transfer.json`` (``audit transfer``). The result files are read through their writers' readers
 (:func:`attacks.attack_file.read_attack_file`, :func:`audit.epsilon.epsilon_file.read_epsilon_file`,
 :func:`audit.transfer.transfer_file.read_transfer_file`): one schema per file, so a malformed or outdated file
-is refused with one line that names the file, the key and the command that re-makes it.
+is refused with one line that names the file, the key and the command that re-makes it. So is an ``attack.json``
+or ``epsilon.json`` whose ``inputs`` name other weights, membership or pool than the manifest (stale after a
+retrain, or copied from another run): its figures are not this model's.
 
 >>> Metrics.model_validate({"test_accuracy": 0.9}).steps is None
 True
@@ -28,6 +30,7 @@ from audit.transfer.transfer_file import TRANSFER_FILE, TransferFile, read_trans
 from training.errors import CheckpointError
 from training.io import read_json
 from training.run import METRICS_FILE, VerifiedRun, as_run
+from training.run.freshness import foreign_keys, manifest_identity
 from training.run.manifest import Manifest
 
 __all__ = [
@@ -128,16 +131,33 @@ def load_run(run_dir: str | os.PathLike[str] | VerifiedRun) -> RunFiles:
     """
     run = as_run(run_dir, verify=False, scan_code=False)  # the report and the gate never build a model
     path = run.run_dir
+    attack = _read_optional(path, ATTACK_FILE, read_attack_file)
+    epsilon = _read_optional(path, EPSILON_FILE, read_epsilon_file)
+    for name, result in ((ATTACK_FILE, attack), (EPSILON_FILE, epsilon)):
+        if result is not None:
+            _check_made_for(run, name, result.inputs)
     return RunFiles(
         run_dir=path,
         manifest=run.manifest,
         run=run,
         metrics=_read_metrics(path),
-        attack=_read_optional(path, ATTACK_FILE, read_attack_file),
-        epsilon=_read_optional(path, EPSILON_FILE, read_epsilon_file),
+        attack=attack,
+        epsilon=epsilon,
         transfer=_read_optional(path, TRANSFER_FILE, read_transfer_file),
         config=run.config_data,
     )
+
+
+def _check_made_for(run: VerifiedRun, name: str, inputs: dict[str, Any]) -> None:
+    """Refuse a result file made for other weights, membership or pool than the manifest's (stale after a
+    retrain, or copied from another run): its figures would be reported as this model's."""
+    bad = foreign_keys(inputs, run.manifest)
+    if bad:
+        have = manifest_identity(run.manifest)
+        what = ", ".join(f"{k} {str(inputs.get(k))[:12]} is not the manifest's {have[k][:12]}" for k in bad)
+        command = FILE_COMMANDS[name].format(run=run.run_dir)
+        raise CheckpointError(f"{run.run_dir / name} was not made for this run ({what}): a stale or foreign result; "
+                              f"re-make it with '{command}'")
 
 
 def level_key(levels: dict[str, Any], fpr: float) -> str | None:

@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from training.io import sha256_bytes
+from training.run.manifest import Manifest
 from training.run.verified import VerifiedRun
 
-__all__ = ["IDENTITY_KEYS", "identity", "inputs_record", "digest", "inputs_digest", "is_current"]
+__all__ = ["IDENTITY_KEYS", "identity", "inputs_record", "digest", "inputs_digest", "is_current", "manifest_identity",
+           "foreign_keys"]
 
 IDENTITY_KEYS = ("weights_sha256", "membership_sha256", "pool_fingerprint")
 
@@ -56,3 +58,27 @@ def is_current(recorded: Any, run: VerifiedRun, **step: Any) -> bool:
     if isinstance(recorded, str):
         return recorded == digest(expected)
     return isinstance(recorded, Mapping) and dict(recorded) == expected
+
+
+def manifest_identity(manifest: Manifest) -> dict[str, str]:
+    """The run's identity as its manifest records it (:func:`identity` without checking the files)."""
+    return {"weights_sha256": manifest.model.weights_sha256, "membership_sha256": manifest.data.membership_sha256,
+            "pool_fingerprint": manifest.data.pool_fingerprint}
+
+
+def foreign_keys(recorded: Any, manifest: Manifest) -> list[str]:
+    """The :data:`IDENTITY_KEYS` on which an output's inputs record differs from the run as its manifest records
+    it (missing counts as different): empty when the output was made for this run's weights, membership and pool.
+    Hashes nothing (the files themselves are checked against the manifest by :class:`VerifiedRun`); for readers
+    that do not know the step's own keys (the report, the gate): the step itself uses :func:`is_current`.
+
+    >>> from types import SimpleNamespace as NS
+    >>> m = NS(model=NS(weights_sha256="w"), data=NS(membership_sha256="m", pool_fingerprint="p"))
+    >>> foreign_keys({"weights_sha256": "w", "membership_sha256": "m", "pool_fingerprint": "p", "x": 1}, m)
+    []
+    >>> foreign_keys({"weights_sha256": "old", "membership_sha256": "m"}, m)
+    ['weights_sha256', 'pool_fingerprint']
+    """
+    have = manifest_identity(manifest)
+    got = recorded if isinstance(recorded, Mapping) else {}
+    return [k for k in IDENTITY_KEYS if got.get(k) != have[k]]
