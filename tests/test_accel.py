@@ -129,3 +129,23 @@ def test_compiled_module_is_used_when_compiling_works(monkeypatch):
     x = torch.rand(4, 3)
     assert torch.equal(wrapped(x), model(x)) and calls == [1]
     assert Accel().compiled(model) is model
+
+
+def test_what_runs_for_each_setting_phase_and_device():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # a device name only: nothing runs on it here
+    for setting in ("fp32", "tf32", "bf16"):
+        assert Accel(precision=setting).ran(dp=True, device=gpu) == "fp32"  # DP: strict fp32 always
+    assert Accel(precision="tf32").ran(dp=False, device=gpu) == "tf32"
+    assert Accel(precision="tf32").ran(dp=False, device=cpu) == "fp32"  # TF32 is a CUDA feature
+    assert Accel(precision="bf16").ran(dp=False, device=cpu) == "bf16"
+    with pytest.raises(ValueError, match="precision"):
+        Accel(precision="fp16")
+
+
+def test_bf16_autocast_on_the_cpu_and_strict_fp32_for_dp():
+    lin = torch.nn.Linear(4, 3)
+    x = torch.rand(2, 4)
+    with Accel(precision="bf16").compute(dp=False, device=torch.device("cpu")) as ran:
+        assert ran == "bf16" and lin(x).dtype == torch.bfloat16
+    with Accel(precision="bf16").compute(dp=True, device=torch.device("cpu")) as ran:
+        assert ran == "fp32" and lin(x).dtype == torch.float32
