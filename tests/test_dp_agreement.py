@@ -213,3 +213,17 @@ def test_multiplicity_averages_copies_before_clipping(data):
         base, augment=AugmentConfig(multiplicity=2)), seed=0, physical=7)
     assert max_diff(one, two) < 1e-6
     assert max_diff(one, model0.state_dict()) > 1e-4
+
+
+def test_functorch_per_sample_gradients_average_copies_alike(data):
+    """Multiplicity with ``grad_sample_mode: functorch``: the same model as the hooks mode and the batched engine."""
+    x, y = data
+    model0 = tiny_model()
+    recipe = TrainRecipe(steps=3, batch_size=N // 2, optim=OPTIMS["sgd"], noise_multiplier=0.0, max_grad_norm=0.05,
+                         physical_batch_size=4, **AUGMENTED["all"])
+    hooks = opacus_train_augmented(copy.deepcopy(model0), x, y, recipe, seed=2, physical=5)
+    func = opacus_train_augmented(copy.deepcopy(model0), x, y, dataclasses.replace(
+        recipe, grad_sample_mode="functorch"), seed=2, physical=5)
+    batched = train_one(model_factory=functools.partial(copy.deepcopy, model0), x=x, y=y,
+                        mask=np.ones(N, dtype=bool), seed=2, recipe=recipe)
+    assert max_diff(hooks, func) < 1e-6 and max_diff(func, batched) < 1e-6
