@@ -46,11 +46,14 @@ the non-DP recipe is 60 epochs of ResNet-18 over ~22,500 members (~5,300 steps o
 4,096 examples × 16 augmented copies (~164 M per-example forward/backward passes with per-sample gradients). On this
 machine (2 CPU cores shared with other jobs) one ResNet-18 step of 64 images took about 11 s, so the non-DP recipe
 would take about three days and the DP recipe most of a year; the rows above are the same configs with the overrides
-shown (a few dozen steps, a 4,000-image pool, a 1,000-image slice of the test set), which check that every part of
+shown (a few dozen steps, a 4,000-image pool, a 1,000-image slice of the test set; the DP learning rate scaled
+linearly with the smaller batch, 4 × B / 4,096, since lr 4 is tuned for batch 4,096), which check that every part of
 the path runs (augmentation on tensor batches, label smoothing, EMA evaluated and saved, bf16 autocast for non-DP
 evaluation, multiplicity averaged before clipping, ε calibrated) — not the accuracy the recipes reach. Their
-accuracies are those of models that have seen roughly one pass over a few thousand images: far from the ≥ 90 % aim
-and from De et al.'s 79.5 %, because of the step budget, not because of a known defect.
+accuracies are those of models that have seen at most about one pass over a few thousand images: far from the
+≥ 90 % aim and from De et al.'s 79.5 %, because of the step budget, not because of a known defect. (A first CPU run
+kept the DP recipe's lr 4 at batch 64: the averaged gradient's noise, σC/B = 0.42/64 ≈ 0.0066 per coordinate, moved
+every weight by about 0.026 at random per step at that rate, and the model stayed at chance, 10.1 %.)
 
 To obtain the real figures on one GPU: `.venv/bin/python benchmarks/cifar10_recipe.py --full --out
 results/reference/cifar10_recipe.md` (or `audit train eval_configs/cifar10_resnet.yaml` and `..._dp.yaml`). Expected
@@ -99,6 +102,7 @@ def make_table(args: argparse.Namespace) -> str:
         rows["nondp"] = run_one("nondp", nondp_over, Path(tmp), args.device)
         if not args.skip_dp:
             dp_over = [] if args.full else [f"training.steps={args.dp_steps}", f"training.batch_size={args.dp_batch}",
+                                            f"optim.lr={4.0 * args.dp_batch / 4096:g}",
                                             f"training.augment.multiplicity={args.dp_multiplicity}",
                                             "training.eval_every=0", "training.physical_batch_size=32", *small]
             rows["dp"] = run_one("dp", dp_over, Path(tmp), args.device)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=4, help="non-DP warm-up steps at CPU scale")
     ap.add_argument("--dp-steps", type=int, default=10)
     ap.add_argument("--dp-batch", type=int, default=64)
-    ap.add_argument("--dp-multiplicity", type=int, default=2)
+    ap.add_argument("--dp-multiplicity", type=int, default=2)  # the DP lr scales linearly: 4 x dp_batch / 4096
     ap.add_argument("--pool-size", type=int, default=4000, help="pool drawn from the 45,000 (CPU scale: the "
                     "train-accuracy pass over the members dominates otherwise)")
     ap.add_argument("--test-size", type=int, default=1000, help="JPEG test images evaluated (CPU scale)")
