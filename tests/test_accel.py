@@ -58,6 +58,7 @@ def test_resident_batches_equal_the_host_conversion():
     idx = np.array([3, 3, 19, 0])
     xb, yb = images.batch(idx)
     assert images.resident and torch.equal(xb, to_float_tensor(x[idx])) and yb.tolist() == y[idx].tolist()
+    assert images.x.data_ptr() == x.__array_interface__["data"][0]  # on the CPU the pool is shared, not copied
 
 
 def tiny(tmp_path: Path, **over) -> TrainConfig:

@@ -156,7 +156,7 @@ class ResidentImages:
         x: uint8 (N, H, W, 3) images; y: int labels (N,).
         device: the training device.
         budget_fraction: the share of the device's free memory the images may take (CUDA); on the CPU the
-            arrays are shared with numpy, not copied.
+            images are shared with the numpy array (read-only ones too: nothing writes to them), not copied.
 
     Attributes:
         resident: whether the images live on ``device`` (False: each batch is copied over from the host).
@@ -167,7 +167,9 @@ class ResidentImages:
         if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3:
             raise ValueError(f"images must be uint8 (N, H, W, 3), got {x.dtype} {x.shape}")
         self.device = torch.device(device)
-        host_x = torch.from_numpy(np.ascontiguousarray(x)) if x.flags.writeable else torch.from_numpy(x.copy())
+        with warnings.catch_warnings():  # a read-only pool is shared, not copied: nothing here writes to it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            host_x = torch.from_numpy(np.ascontiguousarray(x))
         host_y = torch.from_numpy(np.asarray(y, dtype=np.int64).copy())
         fits = (not is_cuda(self.device)
                 or host_x.numel() + 8 * host_y.numel() <= budget_fraction * free_memory_bytes(self.device))
