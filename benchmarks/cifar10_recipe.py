@@ -51,9 +51,10 @@ linearly with the smaller batch, 4 × B / 4,096, since lr 4 is tuned for batch 4
 the path runs (augmentation on tensor batches, label smoothing, EMA evaluated and saved, bf16 autocast for non-DP
 evaluation, multiplicity averaged before clipping, ε calibrated) — not the accuracy the recipes reach. Their
 accuracies are those of models that have seen at most about one pass over a few thousand images: far from the
-≥ 90 % aim and from De et al.'s 79.5 %, because of the step budget, not because of a known defect. (A first CPU run
-kept the DP recipe's lr 4 at batch 64: the averaged gradient's noise, σC/B = 0.42/64 ≈ 0.0066 per coordinate, moved
-every weight by about 0.026 at random per step at that rate, and the model stayed at chance, 10.1 %.)
+≥ 90 % aim and from De et al.'s 79.5 %, because of the step budget, not because of a known defect. The DP row is at
+chance: the freshly initialised network predicts one class for 1,016 of the 1,017 exact test images (10.8 %), and
+ten noisy steps (with lr 4 as written, in a first run, as with the scaled rate here) did not move it off that
+prediction.
 
 To obtain the real figures on one GPU: `.venv/bin/python benchmarks/cifar10_recipe.py --full --out
 results/reference/cifar10_recipe.md` (or `audit train eval_configs/cifar10_resnet.yaml` and `..._dp.yaml`). Expected
