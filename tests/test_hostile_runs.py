@@ -391,7 +391,7 @@ ELSEWHERE = {
     "resume with another config or corrupt state, kill -9 and exact resume": "tests/test_trainer.py",
     "malicious, truncated, object-dtype and codec pickles in CIFAR files": "tests/test_datasets.py",
     "missing roots, missing batches, bad SVHN .mat, unknown Food101 classes": "tests/test_datasets.py",
-    "corrupt / unsafe weight files, head and key mismatches": "tests/test_models.py",
+    "corrupt / unsafe weight files, head and key mismatches": "tests/test_models_weights.py",
     "imported weights that do not fit, claims without δ": "tests/test_import.py",
     "weights, membership, pool fingerprint and recipe mismatches (library level)": "tests/test_attack_runner.py",
     "the claim check on edited manifests, config, metrics and commands": "tests/test_claim_check.py",
