@@ -8,7 +8,7 @@ The stages are the product's own, timed one by one:
    pixels of 1,017 official test images).
 2. For each K in ``--n-reference``: ``audit attack`` trains K reference models with the target's recipe on
    balanced halves of the pool (the batched executor where the recipe allows, one model after another
-   otherwise), queries every model on each image, its flip and +-``--shifts`` pixel shifts (the LiRA paper's
+   otherwise), queries every model on each image, its flip and +-``--shifts`` pixel shifts (1: the LiRA paper's 18
    queries; the models trained with the same augmentation, so the queries are in distribution), and scores
    LiRA online, LiRA offline and offline RMIA (AUC, TPR at 1 % and 0.1 % FPR with 95 % bootstrap intervals).
 
@@ -48,9 +48,10 @@ LIRA_DEMO = (0.686, 0.059)
 #: the issue's goals on one H100
 GOAL_ACCURACY, GOAL_AUC, GOAL_TPR, GOAL_SECONDS = 0.90, 0.70, 0.05, 600.0
 #: overrides of ``--cpu-scale``: the pipeline end to end on 2 CPU cores in minutes (not the goals' scale)
-CPU_SCALE = ("model.arch=small_cnn", "data.pool_size=2000", "data.image_size=16", "data.test_size=2000",
-             "training.steps=300", "training.batch_size=128", "training.physical_batch_size=512",
-             "training.eval_every=0", "training.checkpoint_every=100000")
+CPU_SCALE = ("model.arch=small_cnn", "model.kwargs={channels: [16, 32]}", "data.pool_size=1000",
+             "data.image_size=16", "data.test_size=2000", "training.epochs=null", "training.steps=150",
+             "optim.warmup_steps=10", "training.batch_size=64", "training.physical_batch_size=256",
+             "training.precision=fp32", "training.eval_every=0", "training.checkpoint_every=100000")
 
 
 @dataclass
@@ -102,6 +103,15 @@ def _exact_test_accuracy(run, shared: Path, device: torch.device) -> float | Non
     return accuracy(run.model(device=device), images, device=device)
 
 
+def _precision(manifest: dict) -> str:
+    """What the manifest says ran: the setting, each phase's precision and evaluation's."""
+    rec = manifest.get("training", {}).get("precision")
+    if not isinstance(rec, dict):
+        return "fp32 (not recorded)"
+    phases = ", ".join(f"{k} {v}" for k, v in rec.get("phases", {}).items())
+    return f"setting {rec.get('setting')}; {phases}; evaluation {rec.get('evaluation')}"
+
+
 def _merged(overrides: list[str]) -> list[str]:
     """``KEY=VALUE`` overrides with each key once (the last value wins, as the config loader applies them)."""
     last = {o.split("=", 1)[0]: o for o in overrides}
@@ -145,7 +155,8 @@ def run(args: argparse.Namespace) -> str:
         stage = Stage(f"attack, K = {k}")
         attack_overrides = [f"attack.n_reference={k}", f"attack.attacks=[{', '.join(ATTACKS)}]", "attack.flip=true",
                             f"attack.shifts={args.shifts}", f"attack.n_bootstrap={args.n_bootstrap}",
-                            f"attack.seed={args.seed}", f"attack.device={args.device}"]
+                            f"attack.seed={args.seed}", f"attack.device={args.device}",
+                            f"attack.population={args.population or (2000 if args.cpu_scale else 'all')}"]
         with Timed(stage, device):
             report = api.attack(target.run_dir, overrides=attack_overrides, retrain_shadows=True).report
         report = report.model_dump()
@@ -172,8 +183,7 @@ def render(args, overrides, target, metrics, exact, stages, per_k, device, forma
         f"Model `{cfg.model.arch}` ({target.manifest.model.param_count:,} parameters), "
         f"{'DP' if cfg.privacy.enabled else 'no DP'}, {cfg.training.steps} steps of batch "
         f"{cfg.training.batch_size}; pool {len(target.membership):,} images "
-        f"({int(target.membership.sum()):,} members). Precision as run: "
-        f"{manifest.get('training', {}).get('precision', 'fp32') if isinstance(manifest.get('training'), dict) else 'fp32'}.",
+        f"({int(target.membership.sum()):,} members). Precision as run: {_precision(manifest)}.",
         "",
         "## Target",
         "",
@@ -189,6 +199,7 @@ def render(args, overrides, target, metrics, exact, stages, per_k, device, forma
         "| K | attack | AUC [95% CI] | TPR@1% FPR [95% CI] | TPR@0.1% FPR [95% CI] |",
         "|---:|---|---:|---:|---:|",
     ]
+    first = next(iter(per_k.values()))
     for k, report in per_k.items():
         for name in ATTACKS:
             m = report["attacks"][name]["metrics"]
@@ -197,8 +208,11 @@ def render(args, overrides, target, metrics, exact, stages, per_k, device, forma
                      for f in ("0.01", "0.001")]
             lines.append(f"| {k} | {name} | {m['auc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | {cells[0]} | {cells[1]} |")
     lines += ["", f"LiRA paper's 16-model demo (WRN-28-2, online, fixed variance): AUC {LIRA_DEMO[0]:.3f}, TPR@0.1% "
-              f"{LIRA_DEMO[1]:.1%}. Queries: the image, its flip and +-{args.shifts} pixel shifts. Intervals: "
-              f"{args.n_bootstrap} stratified bootstrap resamples.", "",
+              f"{LIRA_DEMO[1]:.1%}. Queries: {len(first['setup']['augmentations'])} per image (its flip and "
+              f"+-{args.shifts} pixel shifts). Population samples z (RMIA): {first['setup'].get('population_rule')}. "
+              f"RMIA offline a: {first['attacks']['rmia_offline'].get('info', {}).get('a', 'n/a')} (chosen on the "
+              f"reference models). Reference models trained by the `{first['setup']['executor']}` executor. "
+              f"Intervals: {args.n_bootstrap} stratified bootstrap resamples.", "",
               "## Stages", "", "| stage | wall time | of which reference models | peak memory |", "|---|---:|---:|---:|"]
     for s in stages:
         ref = s.extra.get("reference_seconds")
@@ -242,7 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shared", type=Path, default=SHARED, help="the shared folder (holding data/)")
     p.add_argument("--run-dir", type=Path, default=Path("results/gpu-audit"))
     p.add_argument("--n-reference", type=int, nargs="+", default=[16, 64])
-    p.add_argument("--shifts", type=int, default=2, help="query +-k pixel shifts (LiRA paper: 2 at 32x32)")
+    p.add_argument("--shifts", type=int, default=1, help="query +-k pixel shifts (1 with the flip: LiRA's 18 queries)")
+    p.add_argument("--population", default=None, help="population samples z: 'all' (default) or a number "
+                   "(--cpu-scale: 2000, so the CPU run does not query 46,000 images with every model)")
     p.add_argument("--n-bootstrap", type=int, default=200)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run_script(p, run, argv, threads=2)
