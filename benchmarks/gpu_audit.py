@@ -226,6 +226,8 @@ def render(args, overrides, target, metrics, exact, stages, per_k, device, forma
 
 
 def _goals(args, stages, per_k, metrics, device) -> list[str]:
+    from attacks.resolution import format_tpr
+
     lines = ["## The issue's goals", ""]
     if 16 not in per_k:
         return lines + ["K = 16 was not run: the goals need it.", ""]
@@ -236,14 +238,15 @@ def _goals(args, stages, per_k, metrics, device) -> list[str]:
         (f"non-DP target >= {GOAL_ACCURACY:.0%}", f"{_pct(metrics.get('test_accuracy'))}",
          (metrics.get("test_accuracy") or 0) >= GOAL_ACCURACY),
         (f"LiRA online, 16 references, AUC >= {GOAL_AUC}", f"{lira['auc']:.3f}", lira["auc"] >= GOAL_AUC),
-        (f"LiRA online, 16 references, TPR@0.1% >= {GOAL_TPR:.0%}", _pct(lira["tpr_at_fpr"]["0.001"]),
-         lira["tpr_at_fpr"]["0.001"] >= GOAL_TPR),
+        (f"LiRA online, 16 references, TPR@0.1% >= {GOAL_TPR:.0%}",
+         format_tpr(lira["tpr_at_fpr"]["0.001"], 0.001, lira["n_nonmembers"]),
+         None if lira["n_nonmembers"] < 1000 else lira["tpr_at_fpr"]["0.001"] >= GOAL_TPR),
         ("target + 16 reference models <= 10 minutes", f"{seventeen:.0f} s", seventeen <= GOAL_SECONDS),
     ]
     lines += ["| goal (one H100) | measured here | verdict |", "|---|---:|---|"]
     for goal, value, ok in checks:
-        verdict = ("met" if ok else "not met") if on_gpu else (
-            f"{'met' if ok else 'not met'} at CPU scale (not the goal's scale; GPU figure missing)")
+        met = "not resolvable" if ok is None else "met" if ok else "not met"
+        verdict = met if on_gpu else f"{met} at CPU scale (not the goal's scale; GPU figure missing)"
         lines.append(f"| {goal} | {value} | {verdict} |")
     return lines + [""]
 
