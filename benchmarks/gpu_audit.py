@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from _common import remake_section, run_script
+from training.device import device_name, is_cuda, peak_memory_bytes, reset_peak_memory, synchronize
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 ATTACKS = ("lira_online", "lira_offline", "rmia_offline")
@@ -68,21 +69,20 @@ class Timed:
     """``with Timed(stage, device):`` records the wall time and peak memory of the block."""
 
     def __init__(self, stage: Stage, device: torch.device) -> None:
-        self.stage, self.cuda = stage, device.type == "cuda"
+        self.stage, self.device = stage, device
 
     def __enter__(self) -> Stage:
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+        synchronize(self.device)
+        reset_peak_memory(self.device)
         self.t0 = time.perf_counter()
         return self.stage
 
     def __exit__(self, *exc) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.stage.peak_bytes = int(torch.cuda.max_memory_allocated())
-        else:  # ru_maxrss is KiB on Linux; the process's peak so far (monotone), so an upper bound per stage
-            self.stage.peak_bytes = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        synchronize(self.device)
+        peak = peak_memory_bytes(self.device)
+        # off CUDA: ru_maxrss is KiB on Linux; the process's peak so far (monotone), so an upper bound per stage
+        self.stage.peak_bytes = peak if peak is not None else int(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
         self.stage.seconds = time.perf_counter() - self.t0
 
 
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> str:
 
 def render(args, overrides, target, metrics, exact, stages, per_k, device, format_tpr) -> str:
     cfg = target.config
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+    dev_name = device_name(device) if is_cuda(device) else (
         f"CPU ({os.cpu_count()} cores visible, {args.threads} torch threads)")
     manifest = target.manifest.model_dump()
     lines = [
@@ -219,7 +219,7 @@ def render(args, overrides, target, metrics, exact, stages, per_k, device, forma
         lines.append(f"| {s.name} | {s.seconds:.1f} s | {'' if ref is None else f'{ref:.1f} s'} | "
                      f"{_fmt_bytes(s.peak_bytes)} |")
     lines += ["", "Peak memory: " + ("GPU memory allocated by torch (max_memory_allocated), per stage." if
-                                      device.type == "cuda" else "the process's peak resident memory so far "
+                                      is_cuda(device) else "the process's peak resident memory so far "
                                       "(ru_maxrss; monotone, so an upper bound per stage)."), ""]
     lines += _goals(args, stages, per_k, metrics, device)
     return "\n".join(lines + [""] + remake_section("gpu_audit.py"))
@@ -233,7 +233,7 @@ def _goals(args, stages, per_k, metrics, device) -> list[str]:
         return lines + ["K = 16 was not run: the goals need it.", ""]
     lira = per_k[16]["attacks"]["lira_online"]["metrics"]
     seventeen = stages[0].seconds + next(s.extra["reference_seconds"] for s in stages if s.name == "attack, K = 16")
-    on_gpu = device.type == "cuda"
+    on_gpu = is_cuda(device)
     checks = [
         (f"non-DP target >= {GOAL_ACCURACY:.0%}", f"{_pct(metrics.get('test_accuracy'))}",
          (metrics.get("test_accuracy") or 0) >= GOAL_ACCURACY),
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--population", default=None, help="population samples z: 'all' (default) or a number "
                    "(--cpu-scale: 2000, so the CPU run does not query 46,000 images with every model)")
     p.add_argument("--n-bootstrap", type=int, default=200)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, or a CUDA device")
     run_script(p, run, argv, threads=2)
 
 

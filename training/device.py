@@ -10,7 +10,8 @@ import torch
 
 from training.errors import ConfigError
 
-__all__ = ["resolve_device", "is_cuda", "rank_device", "bind_rank", "free_memory_bytes", "synchronize"]
+__all__ = ["resolve_device", "is_cuda", "rank_device", "bind_rank", "free_memory_bytes", "synchronize",
+           "reset_peak_memory", "peak_memory_bytes", "device_name"]
 
 _CUDA = "cuda"
 
@@ -65,3 +66,23 @@ def synchronize(device: torch.device) -> None:
     """Wait for the queued work of a CUDA ``device`` (timings); nothing for other devices."""
     if is_cuda(device):
         torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window on a CUDA ``device``; nothing for other devices."""
+    if is_cuda(device):
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """Most memory torch held on a CUDA ``device`` since :func:`reset_peak_memory` (None for other devices)."""
+    return int(torch.cuda.max_memory_allocated(device)) if is_cuda(device) else None
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name for a CUDA ``device`` (e.g. for benchmark tables), else the device type.
+
+    >>> device_name(torch.device("cpu"))
+    'cpu'
+    """
+    return torch.cuda.get_device_name(device) if is_cuda(device) else device.type
