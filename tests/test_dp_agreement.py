@@ -48,11 +48,16 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def opacus_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, *, seed: int,
-                 physical: int | None = None, mode: str = "hooks") -> dict[str, torch.Tensor]:
-    """The Opacus engine over all N examples, step by step as the training loop drives it."""
+                 physical: int | None = None, mode: str | None = None,
+                 augment: bool = False) -> dict[str, torch.Tensor]:
+    """The Opacus engine over all N examples, step by step as the training loop drives it (``mode``: the
+    grad-sample mode, None: the recipe's; ``augment``: the loop's per-step augmentation stream); returns the model
+    as the loop saves it (``stepper.close()``: the EMA weights when the recipe averages them)."""
     import dataclasses
 
-    recipe = dataclasses.replace(recipe, grad_sample_mode=mode,
+    from training.dp.rng import augment_generator
+
+    recipe = dataclasses.replace(recipe, grad_sample_mode=mode or recipe.grad_sample_mode,
                                  physical_batch_size=physical or recipe.physical_batch_size)
     sampler = make_sampler(sampling=recipe.sampling, n=len(y), batch_size=recipe.batch_size, seed=seed)
     generator = torch.Generator()
@@ -61,7 +66,7 @@ def opacus_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: Tra
     for t in range(recipe.steps):
         idx = torch.from_numpy(sampler.indices(t))
         seed_noise(generator, seed, t)
-        stepper.step(x[idx], y[idx])
+        stepper.step(x[idx], y[idx], augment_generator=augment_generator(seed, t) if augment else None)
     return {k: v.detach().clone() for k, v in stepper.close().state_dict().items()}
 
 
@@ -146,26 +151,6 @@ def test_engines_give_the_same_distribution_of_noisy_updates(data):
     assert ks_ab.pvalue > 1e-3 and ks_a.pvalue > 1e-3 and ks_b.pvalue > 1e-3
 
 
-def opacus_train_augmented(model: nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, *, seed: int,
-                           physical: int) -> dict[str, torch.Tensor]:
-    """:func:`opacus_train` plus the loop's per-step augmentation stream; returns the model as the loop saves it
-    (``stepper.close()``: the EMA weights when the recipe averages them)."""
-    import dataclasses
-
-    from training.dp.rng import augment_generator
-
-    recipe = dataclasses.replace(recipe, physical_batch_size=physical)
-    sampler = make_sampler(sampling=recipe.sampling, n=len(y), batch_size=recipe.batch_size, seed=seed)
-    generator = torch.Generator()
-    stepper = make_stepper(model=model, recipe=recipe, sample_rate=sampler.sample_rate, generator=generator,
-                           device="cpu")
-    for t in range(recipe.steps):
-        idx = torch.from_numpy(sampler.indices(t))
-        seed_noise(generator, seed, t)
-        stepper.step(x[idx], y[idx], augment_generator=augment_generator(seed, t))
-    return {k: v.detach().clone() for k, v in stepper.close().state_dict().items()}
-
-
 AUGMENTED = {
     "crop+flip": dict(augment=AugmentConfig(crop_padding=1, flip=True)),
     "crop+flip, zeros, x3 copies": dict(augment=AugmentConfig(crop_padding=1, padding_mode="zeros", flip=True,
@@ -185,14 +170,14 @@ def test_engines_agree_with_augmentation_smoothing_and_ema(data, name, dp):
     model0 = tiny_model()
     recipe = TrainRecipe(steps=5, batch_size=N // 2, optim=OPTIMS["sgd"], noise_multiplier=0.0, max_grad_norm=0.05,
                          dp=dp, physical_batch_size=4, **AUGMENTED[name])
-    a = opacus_train_augmented(copy.deepcopy(model0), x, y, recipe, seed=5, physical=5)
+    a = opacus_train(copy.deepcopy(model0), x, y, recipe, seed=5, physical=5, augment=True)
     factory = functools.partial(copy.deepcopy, model0)
     b = train_many(model_factory=factory, x=x, y=y, masks=np.ones((2, N), dtype=bool), seeds=[5, 6], recipe=recipe,
                    executor="batched")[0]
     c = train_one(model_factory=factory, x=x, y=y, mask=np.ones(N, dtype=bool), seed=5, recipe=recipe,
                   per_example="loop")
-    plain = opacus_train_augmented(copy.deepcopy(model0), x, y, dataclasses.replace(
-        recipe, augment=AugmentConfig(), label_smoothing=0.0, ema=EMAConfig()), seed=5, physical=5)
+    plain = opacus_train(copy.deepcopy(model0), x, y, dataclasses.replace(
+        recipe, augment=AugmentConfig(), label_smoothing=0.0, ema=EMAConfig()), seed=5, physical=5, augment=True)
     print(f"\n[agreement {name} dp={dp}] max |opacus - batched| = {max_diff(a, b):.2e}, |opacus - loop| = "
           f"{max_diff(a, c):.2e}, effect of the options {max_diff(a, plain):.2e}")
     assert max_diff(a, b) < 1e-6 and max_diff(a, c) < 1e-6
@@ -208,9 +193,9 @@ def test_multiplicity_averages_copies_before_clipping(data):
     model0 = tiny_model()
     base = TrainRecipe(steps=1, batch_size=N, optim=OptimConfig(name="sgd", lr=1.0), noise_multiplier=0.0,
                        max_grad_norm=0.01)
-    one = opacus_train_augmented(copy.deepcopy(model0), x, y, base, seed=0, physical=7)
-    two = opacus_train_augmented(copy.deepcopy(model0), x, y, dataclasses.replace(
-        base, augment=AugmentConfig(multiplicity=2)), seed=0, physical=7)
+    one = opacus_train(copy.deepcopy(model0), x, y, base, seed=0, physical=7, augment=True)
+    two = opacus_train(copy.deepcopy(model0), x, y, dataclasses.replace(
+        base, augment=AugmentConfig(multiplicity=2)), seed=0, physical=7, augment=True)
     assert max_diff(one, two) < 1e-6
     assert max_diff(one, model0.state_dict()) > 1e-4
 
@@ -221,9 +206,9 @@ def test_functorch_per_sample_gradients_average_copies_alike(data):
     model0 = tiny_model()
     recipe = TrainRecipe(steps=3, batch_size=N // 2, optim=OPTIMS["sgd"], noise_multiplier=0.0, max_grad_norm=0.05,
                          physical_batch_size=4, **AUGMENTED["all"])
-    hooks = opacus_train_augmented(copy.deepcopy(model0), x, y, recipe, seed=2, physical=5)
-    func = opacus_train_augmented(copy.deepcopy(model0), x, y, dataclasses.replace(
-        recipe, grad_sample_mode="functorch"), seed=2, physical=5)
+    hooks = opacus_train(copy.deepcopy(model0), x, y, recipe, seed=2, physical=5, augment=True)
+    func = opacus_train(copy.deepcopy(model0), x, y, dataclasses.replace(
+        recipe, grad_sample_mode="functorch"), seed=2, physical=5, augment=True)
     batched = train_one(model_factory=functools.partial(copy.deepcopy, model0), x=x, y=y,
                         mask=np.ones(N, dtype=bool), seed=2, recipe=recipe)
     assert max_diff(hooks, func) < 1e-6 and max_diff(func, batched) < 1e-6
