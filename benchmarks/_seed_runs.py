@@ -62,6 +62,19 @@ SCALES = {
         },
         variant_overrides={"continual": {  # the issue's switch-point sweep {0, 50, 100, 200, 400} of 1,000 steps
             f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
+    "gpu": Scale(
+        name="gpu", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu",
+        description="issue 16 on one H100: 1,000 steps of batch 256, 5 seeds, ResNet-20, 8,000 private CIFAR-10 "
+                    "images, 2,000 disjoint public ones (benchmarks/seed_gpu.py; .device_data/ is what fits the "
+                    "GPU machine's 64 MiB upload)",
+        overrides={"continual": {"data.root": ".device_data/cifar10", "data.pool_size": 8000, "data.test_size": 2000,
+                                 "model.arch": "resnet20_cifar", "training.steps": 1000, "training.batch_size": 256,
+                                 "training.hessian.every": 50, "training.continual.public.root":
+                                 ".device_data/cifar10_public", "training.continual.public.pool_size": 2000,
+                                 "training.continual.switch_steps": 200, "training.continual.max_public_steps": 400,
+                                 "training.continual.eval_every": 50}},
+        variant_overrides={"continual": {
+            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
 }
 
 

@@ -38,11 +38,41 @@ SCALES = {
                      batch_size=256, steps=1000, switch=200, source_steps=3000, public_steps=(0, 10, 30, 100, 300),
                      seeds=(0, 1, 2, 3, 4), hessian_batch=256, hessian_probes=32, hessian_every=50, trace_steps=1500,
                      knn_every=100, barrier_points=21, accountant="pld"),
+    # what ran on one H100 (benchmarks/seed_gpu.py): the full scale on the 11,000 + 2,000 CIFAR-10 images and 3,600
+    # Food-101 images that fit the GPU machine's 64 MiB upload (.device_data/, made by seed_gpu.py prepare)
+    "gpu": ArmScale(name="gpu", root=".device_data/cifar10", downstream_root=".device_data/food101",
+                    arch="resnet20_cifar", private=8000, public=2000, val=1000, test=2000, batch_size=256,
+                    steps=1000, switch=200, source_steps=2000, public_steps=(0, 10, 30, 100, 300),
+                    seeds=(0, 1, 2, 3, 4), hessian_batch=256, hessian_probes=32, hessian_every=50, trace_steps=1500,
+                    knn_every=100, barrier_points=21, accountant="pld", downstream_private=2500, downstream_val=500),
 }
 OUT = ROOT / "results/seed_arms"
 
 
-def run_arm(name: str, scale_name: str) -> tuple[str, float]:
+def part_path(scale_name: str, name: str, seed: int) -> Path:
+    """Where one seed of an arm is kept when seeds run as separate jobs (``run --seeds``)."""
+    return OUT / scale_name / "parts" / f"{name}.s{seed}.json"
+
+
+def merge(name: str, scale_name: str) -> dict | None:
+    """One arm's per-seed parts as the arm's JSON (seeds in order, ``per_seed`` lists joined, wall time summed);
+    None when no part exists."""
+    from training.io import write_json
+
+    parts = sorted((json.loads(p.read_text()) for p in (OUT / scale_name / "parts").glob(f"{name}.s*.json")),
+                   key=lambda r: r["seeds"][0])
+    if not parts:
+        return None
+    out = {**parts[0], "seeds": [s for p in parts for s in p["seeds"]],
+           "wall_seconds": sum(p["wall_seconds"] for p in parts), "per_seed": {}}
+    for k in parts[0]["per_seed"]:
+        out["per_seed"][k] = [v for p in parts for v in p["per_seed"][k]]
+    out["scale_settings"] = {**parts[0]["scale_settings"], "seeds": out["seeds"]}
+    write_json(OUT / scale_name / f"{name}.json", out)
+    return out
+
+
+def run_arm(name: str, scale_name: str, seed: int | None = None) -> tuple[str, float]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -51,14 +81,14 @@ def run_arm(name: str, scale_name: str) -> tuple[str, float]:
 
     torch.set_num_threads(1)
     os.chdir(ROOT)
-    scale = SCALES[scale_name]
+    scale = SCALES[scale_name] if seed is None else SCALES[scale_name].with_(seeds=(seed,))
     device = resolve_device("auto")
     t0 = time.perf_counter()
     res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True))
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "
                 f"CPU cores, torch {torch.__version__}", "scale_settings": {k: v for k, v in vars(scale).items()}})
-    write_json(OUT / scale_name / f"{name}.json", res)
+    write_json(OUT / scale_name / f"{name}.json" if seed is None else part_path(scale_name, name, seed), res)
     return name, secs
 
 
@@ -69,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("arms", nargs="+", choices=sorted(ARMS))
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--workers", type=int, default=1)
+    m = sub.add_parser("merge", help="join the per-seed parts of arms (written by seed_gpu.py) into <arm>.json")
+    m.add_argument("arms", nargs="+", choices=sorted(ARMS))
+    m.add_argument("--scale", choices=sorted(SCALES), default="gpu")
     args = parser.parse_args(argv)
+    if args.cmd == "merge":
+        for a in args.arms:
+            got = merge(a, args.scale)
+            print(f"{a}: " + (f"seeds {got['seeds']}" if got else "no parts"), flush=True)
+        return 0
     if args.workers <= 1:
         for a in args.arms:
             print(f"{a}: {run_arm(a, args.scale)[1]:.0f} s", flush=True)

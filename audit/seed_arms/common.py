@@ -38,7 +38,9 @@ class ArmScale:
     ``steps`` is the private (DP) phase of each arm; ``switch`` the public steps of the continual arms;
     ``public_steps`` the Ganesh et al. sweep; tr(H) uses ``hessian_batch`` test images and ``hessian_probes`` probes
     every ``hessian_every`` steps over ``trace_steps`` steps. σ is calibrated to ``epsilon`` by ``accountant``
-    unless ``noise_multiplier`` fixes it (then no ε is claimed: tests).
+    unless ``noise_multiplier`` fixes it (then no ε is claimed: tests). The downstream (fine-tuning) data of the Ke
+    et al. arm has ``downstream_private`` private and ``downstream_val`` validation images (when given; else the
+    pre-training sizes) and then no public part.
     """
 
     name: str
@@ -46,6 +48,8 @@ class ArmScale:
     root: str | None = "../shared/data/cifar10"
     downstream: str = "food101"
     downstream_root: str | None = "../shared/data/food101"
+    downstream_private: int | None = None
+    downstream_val: int | None = None
     image_size: int | None = None
     private: int = 2000
     public: int = 1000
@@ -116,7 +120,10 @@ def load_arm_data(scale: ArmScale, *, downstream: bool = False, device: torch.de
     from training.recipes.common import HELD_OUT_SEED, held_out_batch
 
     name, root = (scale.downstream, scale.downstream_root) if downstream else (scale.dataset, scale.root)
-    n = scale.private + scale.public + scale.val
+    n_priv, n_pub, n_val = scale.private, scale.public, scale.val
+    if downstream and scale.downstream_private is not None:
+        n_priv, n_pub, n_val = scale.downstream_private, 0, scale.downstream_val or scale.val
+    n = n_priv + n_pub + n_val
     cfg = DataConfig(dataset=name, root=root, pool_size=n, pool_seed=0, audit_split=False, test_size=scale.test,
                      image_size=scale.image_size)
     pool = load_pool(cfg)
@@ -126,9 +133,8 @@ def load_arm_data(scale: ArmScale, *, downstream: bool = False, device: torch.de
     hx, hy = held_out_batch(test, size=scale.hessian_batch, seed=HELD_OUT_SEED, device=torch.device(device))
     # a fixed permutation first: a pool subset keeps the file's order, and some files are sorted by class
     order = np.random.default_rng([0, 0x53504C54]).permutation(len(pool))[:n]
-    return ArmData(private=pool.subset(order[:scale.private]),
-                   public=pool.subset(order[scale.private:scale.private + scale.public]),
-                   val=pool.subset(order[scale.private + scale.public:]), test=test, hessian_x=hx, hessian_y=hy)
+    return ArmData(private=pool.subset(order[:n_priv]), public=pool.subset(order[n_priv:n_priv + n_pub]),
+                   val=pool.subset(order[n_priv + n_pub:]), test=test, hessian_x=hx, hessian_y=hy)
 
 
 def build(scale: ArmScale, data: ArmData, *, seed: int, device: torch.device | str = "cpu") -> nn.Module:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmScale, build, head_names, load_arm_data, per_seed, phase, sigma_for, test_acc,
+from audit.seed_arms.common import (ArmScale, build, load_arm_data, per_seed, phase, sigma_for, test_acc,
                                     train)
 
 __all__ = ["ke_arm", "knn_quality"]

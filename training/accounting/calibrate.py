@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 import numbers
 
-from training.accounting.epsilon import DPPhase, check_accountant, check_delta_value, epsilon_of_active
+from training.accounting.epsilon import (
+    DPPhase,
+    check_accountant,
+    check_delta_value,
+    epsilon_of_active,
+)
+from training.accounting.sigma_cache import cache_dir, cached_sigma
 from training.errors import UserError
 
 __all__ = ["noise_multiplier_for"]
@@ -31,6 +37,9 @@ def noise_multiplier_for(*, target_epsilon: float, sample_rate: float, steps: in
         accountant: ``"prv"``, ``"rdp"`` or ``"pld"``.
         epsilon_tolerance: how far below the target the returned σ's ε may be; > 0.
 
+    With ``DP_AUDIT_SIGMA_CACHE`` set to a directory, results are kept there and shared between processes
+    (:mod:`training.accounting.sigma_cache`).
+
     Returns:
         σ > 0.
 
@@ -55,6 +64,18 @@ def noise_multiplier_for(*, target_epsilon: float, sample_rate: float, steps: in
     delta = check_delta_value(delta)
     check_accountant(accountant)
     DPPhase(noise_multiplier=1.0, sample_rate=sample_rate, steps=int(steps))  # validates q
+    directory = cache_dir()
+    if directory is None:
+        return _calibrate(target_epsilon, sample_rate, int(steps), delta, accountant, epsilon_tolerance)
+    key = {"target_epsilon": float(target_epsilon), "sample_rate": float(sample_rate), "steps": int(steps),
+           "delta": float(delta), "accountant": accountant, "epsilon_tolerance": float(epsilon_tolerance)}
+    return cached_sigma(directory, key, lambda: _calibrate(target_epsilon, sample_rate, int(steps), delta,
+                                                            accountant, epsilon_tolerance))
+
+
+def _calibrate(target_epsilon: float, sample_rate: float, steps: int, delta: float, accountant: str,
+               epsilon_tolerance: float) -> float:
+    """The search of :func:`noise_multiplier_for` on validated arguments."""
 
     def eps(acc: str, sigma: float) -> float:
         phase = DPPhase(noise_multiplier=sigma, sample_rate=sample_rate, steps=int(steps))
