@@ -40,7 +40,12 @@ class ArmScale:
     every ``hessian_every`` steps over ``trace_steps`` steps. σ is calibrated to ``epsilon`` by ``accountant``
     unless ``noise_multiplier`` fixes it (then no ε is claimed: tests). The downstream (fine-tuning) data of the Ke
     et al. arm has ``downstream_private`` private and ``downstream_val`` validation images (when given; else the
-    pre-training sizes) and then no public part.
+    pre-training sizes) and then no public part. The ``vit_*`` fields belong to the ViT arm
+    (:mod:`audit.seed_arms.vit`): its timm architecture and kwargs, its learning rate (None: ``lr``), its ε grid
+    (``inf``: non-DP), the tuning search (``vit_trials`` trials of ``vit_trial_steps`` steps, learning rates
+    log-uniform in ``lr`` times ``vit_lr_range``, on the ``vit_tune_fraction`` of the public images held out of
+    pre-training), ``vit_probe_images`` test images for the per-block features, and ``vit_public`` public images
+    (None: ``public``).
     """
 
     name: str
@@ -77,6 +82,16 @@ class ArmScale:
     lp_fractions: tuple[float, ...] = (0.25, 0.5, 0.75)
     accountant: str = "pld"
     noise_multiplier: float | None = None
+    vit_arch: str = "vit_tiny_patch16_224"
+    vit_kwargs: dict[str, Any] = field(default_factory=lambda: {"embed_dim": 32, "num_heads": 2, "depth": 12})
+    vit_lr: float | None = None
+    vit_epsilons: tuple[float, ...] = (1.0, 3.0, 8.0, math.inf)
+    vit_trials: int = 6
+    vit_trial_steps: int = 30
+    vit_lr_range: tuple[float, float] = (0.1, 10.0)
+    vit_tune_fraction: float = 0.4
+    vit_probe_images: int = 1000
+    vit_public: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -137,12 +152,13 @@ def load_arm_data(scale: ArmScale, *, downstream: bool = False, device: torch.de
                    val=pool.subset(order[n_priv + n_pub:]), test=test, hessian_x=hx, hessian_y=hy)
 
 
-def build(scale: ArmScale, data: ArmData, *, seed: int, device: torch.device | str = "cpu") -> nn.Module:
-    """A fresh ``scale.arch`` for ``data``'s classes, initialised from ``seed``."""
+def build(scale: ArmScale, data: ArmData, *, seed: int, device: torch.device | str = "cpu", arch: str | None = None,
+          kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """A fresh ``arch`` (default ``scale.arch``; timm ``kwargs``) for ``data``'s classes, initialised from ``seed``."""
     from training.models import build_model
 
-    return build_model(ModelConfig(arch=scale.arch), num_classes=data.num_classes, input_shape=data.input_shape,
-                       seed=seed).module.to(device)
+    return build_model(ModelConfig(arch=arch or scale.arch, kwargs=dict(kwargs or {})), num_classes=data.num_classes,
+                       input_shape=data.input_shape, seed=seed).module.to(device)
 
 
 def sigma_for(scale: ArmScale, *, n: int, steps: int, epsilon: float | None = None) -> float:

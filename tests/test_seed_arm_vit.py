@@ -1,0 +1,127 @@
+"""The ViT representation-law arm (audit.seed_arms.vit) on a tiny 12-block ViT over 8×8 digits, in seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from audit.seed_arms import ArmScale
+from audit.seed_arms.common import build, load_arm_data
+from audit.seed_arms.vit import block_profile, eps_tag, lr_search, probe_set, public_parts, vit_arm
+from audit.transfer.separability import fit_geometric_decay, least_squares_residual, separation_fuzziness
+
+TINY = ArmScale(name="tiny", dataset="digits", root=None, private=120, public=80, val=20, test=60, batch_size=20,
+                steps=3, source_steps=4, seeds=(0,), hessian_batch=16, accountant="rdp",
+                vit_kwargs={"embed_dim": 8, "num_heads": 2, "depth": 12}, vit_epsilons=(1.0, 8.0, math.inf),
+                vit_trials=2, vit_trial_steps=2, vit_probe_images=50)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_arm_data(TINY)
+
+
+@pytest.fixture(scope="module")
+def result(data):
+    return vit_arm(TINY, data=data)
+
+
+def _vit(data, seed=0):
+    return build(TINY, data, seed=seed, arch=TINY.vit_arch, kwargs=TINY.vit_kwargs)
+
+
+def _manual_cls_tokens(model, images) -> list[np.ndarray]:
+    """The reference: run the timm ViT's stages by hand, block by block, and keep token 0 after each."""
+    from training.data import to_float_tensor
+
+    net = model.net
+    model.eval()
+    with torch.no_grad():
+        h = net.patch_embed(model.normalize(to_float_tensor(np.asarray(images.x))))
+        h = net.norm_pre(net.patch_drop(net.pos_drop(net.token_embed(h))))
+        out = []
+        for blk in net.blocks:
+            h = blk(h)
+            out.append(h[:, 0].numpy().astype(np.float64))
+    return out
+
+
+def test_block_profile_matches_a_manual_pass_through_the_twelve_blocks(data):
+    model = _vit(data)
+    probe = probe_set(data.test, TINY.vit_probe_images)
+    prof = block_profile(model, probe)
+    ref = _manual_cls_tokens(model, probe)
+    assert len(ref) == len(prof["D"]) == len(prof["residual"]) == 12
+    np.testing.assert_allclose(prof["D"], [separation_fuzziness(f, probe.y) for f in ref], rtol=1e-4)
+    np.testing.assert_allclose(prof["residual"], [least_squares_residual(f, probe.y) for f in ref], rtol=1e-4)
+    fit = fit_geometric_decay([separation_fuzziness(f, probe.y) for f in ref])
+    assert prof["rho_D"] == pytest.approx(fit.rho, rel=1e-4) and prof["r2_D"] == pytest.approx(fit.r_squared,
+                                                                                                 rel=1e-3)
+
+
+class _Sealed:
+    """Stands in for the private images: any use raises."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the search read the private images ({name})")
+
+    def __len__(self):
+        raise AssertionError("the search read the private images (len)")
+
+
+def test_lr_search_reads_only_public_images_and_is_reproducible(data):
+    model = _vit(data)
+    sealed = dataclasses.replace(data, private=_Sealed(), val=_Sealed())
+    a = lr_search(model, sealed, scale=TINY, sigma=1.0, seed=3)
+    b = lr_search(model, sealed, scale=TINY, sigma=1.0, seed=3)
+    c = lr_search(model, sealed, scale=TINY, sigma=1.0, seed=4)
+    assert a == b and [t["lr"] for t in a["trials"]] != [t["lr"] for t in c["trials"]]
+    lo, hi = (TINY.lr * f for f in TINY.vit_lr_range)
+    assert len(a["trials"]) == TINY.vit_trials and all(lo <= t["lr"] <= hi for t in a["trials"])
+    assert a["lr"] in [t["lr"] for t in a["trials"]]
+    parts = public_parts(data.public, TINY.vit_tune_fraction)
+    sets = [parts.pretrain.x, parts.tune_train.x, parts.tune_val.x]
+    assert sum(len(s) for s in sets) == len(data.public)
+    assert len({s.tobytes() for x in sets for s in x}) == len(data.public)  # three disjoint parts
+
+
+def test_vit_arm_reports_every_epsilon_and_arm_with_twelve_block_fits(result):
+    per = result["per_seed"]
+    assert result["blocks"] == 12 and result["fit_dof"] == 10 and result["tuning_privacy_cost"].startswith("none")
+    assert result["epsilons"] == ["eps1", "eps8", "epsinf"]
+    for tag in result["epsilons"]:
+        for arm in ("untuned", "tuned"):
+            key = f"{tag}_{arm}"
+            assert 0 <= per[f"{key}_acc"][0] <= 1
+            assert len(per[f"{key}_D"][0]) == 12 and len(per[f"{key}_residual"][0]) == 12
+            for stat in ("rho_D", "r2_D", "rho_res", "r2_res"):
+                assert math.isfinite(per[f"{key}_{stat}"][0])
+        assert per[f"{tag}_untuned_lr"][0] == TINY.lr
+        trials = per[f"{tag}_tuned_trials"][0]
+        assert per[f"{tag}_tuned_lr"][0] == max(trials, key=lambda t: (t["val_acc"], -t["val_loss"]))["lr"]
+    # ε = ∞ is non-DP; σ grows as ε shrinks
+    assert per["epsinf_untuned_sigma"][0] is None and result["sigmas"]["epsinf"] is None
+    assert result["sigmas"]["eps1"] > result["sigmas"]["eps8"] > 0
+    assert per["eps1_tuned_sigma"][0] == result["sigmas"]["eps1"]
+
+
+def test_private_images_drive_the_final_runs_but_not_the_search(data, result):
+    """Scrambling the private labels changes the fine-tuned models, never the (public) search."""
+    rng = np.random.default_rng(1)
+    scrambled = dataclasses.replace(data, private=dataclasses.replace(
+        data.private, y=rng.permutation(data.private.y)))
+    small = TINY.with_(vit_epsilons=(8.0,))
+    per, again = result["per_seed"], vit_arm(small, data=scrambled)["per_seed"]
+    assert again["eps8_tuned_trials"] == per["eps8_tuned_trials"]
+    assert again["pretrain_D"] == per["pretrain_D"]
+    assert again["eps8_untuned_D"] != per["eps8_untuned_D"]
+
+
+def test_eps_tags_are_key_safe():
+    assert [eps_tag(e) for e in (1.0, 3.0, 8.0, math.inf, 0.25)] == ["eps1", "eps3", "eps8", "epsinf", "eps0p25"]
+    with pytest.raises(ValueError):
+        vit_arm(TINY.with_(vit_epsilons=(0.0,)), data=load_arm_data(TINY))
