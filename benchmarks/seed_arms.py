@@ -2,8 +2,8 @@
 
 Usage (from the repository root; needs ``../shared/data``)::
 
-    python benchmarks/seed_arms.py run continual trace ke ganesh --scale cpu [--workers 2]
-    python benchmarks/seed_arms.py run continual trace ke ganesh --scale full     # issue 16's scale (a GPU)
+    python benchmarks/seed_arms.py run continual trace ke ganesh vit --scale cpu [--workers 2]
+    python benchmarks/seed_arms.py run continual trace ke ganesh vit --scale full  # issue 16's scale (a GPU)
     python benchmarks/seed_findings.py --scale cpu                                # results/reference/seed_findings.md
 
 Each arm writes ``results/seed_arms/<scale>/<arm>.json`` (its per-seed numbers, the scale, wall time, machine);
@@ -33,18 +33,23 @@ SCALES = {
     "cpu": ArmScale(name="cpu", private=1000, public=500, val=300, test=500, batch_size=64, steps=60, switch=20,
                     source_steps=150, public_steps=(0, 10, 30, 100), seeds=(0, 1), hessian_batch=256,
                     hessian_probes=8, hessian_every=20, trace_steps=80, knn_every=20, barrier_points=7,
-                    accountant="rdp"),
+                    accountant="rdp", vit_trials=3, vit_trial_steps=10, vit_probe_images=500),
     "full": ArmScale(name="full", arch="resnet20_cifar", private=20000, public=5000, val=2000, test=10000,
                      batch_size=256, steps=1000, switch=200, source_steps=3000, public_steps=(0, 10, 30, 100, 300),
                      seeds=(0, 1, 2, 3, 4), hessian_batch=256, hessian_probes=32, hessian_every=50, trace_steps=1500,
-                     knn_every=100, barrier_points=21, accountant="pld"),
+                     knn_every=100, barrier_points=21, accountant="pld",
+                     # the ViT arm: ViT-Tiny width, pre-trained on the other 25,000 CIFAR-10 training images
+                     vit_kwargs={"embed_dim": 192, "num_heads": 3, "depth": 12}, vit_lr=1e-3, vit_public=25000,
+                     vit_tune_fraction=0.2, vit_trials=6, vit_trial_steps=200, vit_probe_images=1000),
     # what ran on one H100 (benchmarks/seed_gpu.py): the full scale on the 11,000 + 2,000 CIFAR-10 images and 3,600
     # Food-101 images that fit the GPU machine's 64 MiB upload (.device_data/, made by seed_gpu.py prepare)
     "gpu": ArmScale(name="gpu", root=".device_data/cifar10", downstream_root=".device_data/food101",
                     arch="resnet20_cifar", private=8000, public=2000, val=1000, test=2000, batch_size=256,
                     steps=1000, switch=200, source_steps=2000, public_steps=(0, 10, 30, 100, 300),
                     seeds=(0, 1, 2, 3, 4), hessian_batch=256, hessian_probes=32, hessian_every=50, trace_steps=1500,
-                    knn_every=100, barrier_points=21, accountant="pld", downstream_private=2500, downstream_val=500),
+                    knn_every=100, barrier_points=21, accountant="pld", downstream_private=2500, downstream_val=500,
+                    vit_kwargs={"embed_dim": 192, "num_heads": 3, "depth": 12}, vit_lr=1e-3, vit_tune_fraction=0.2,
+                    vit_trials=4, vit_trial_steps=100, vit_probe_images=1000),
 }
 OUT = ROOT / "results/seed_arms"
 
