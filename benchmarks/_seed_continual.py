@@ -96,6 +96,7 @@ def table_continual(scale: str = "cpu") -> str | None:
                             "max_public_steps': it says whether more public steps helped, not whether the rule "
                             "picks the step.")
     all_runs = [x for runs in g.values() for _, _, x in runs]
+    manifests = [m for runs in g.values() for _, m, _ in runs]
     dropped = next((x["continual"]["public_dropped"] for runs in g.values() for _, _, x in runs
                     if "continual" in x), "–")
     cfg = scale_config("continual", SCALES[scale])
@@ -111,7 +112,7 @@ def table_continual(scale: str = "cpu") -> str | None:
         f"alone). Public = {cc.public.pool_size} other CIFAR-10 training images (images equal to a private one are "
         f"dropped: {dropped} were); the public phase is not accounted. Test accuracy on {cfg.data.test_size} CIFAR-10 "
         f"test images. Mean ± sample SD over seeds {', '.join(map(str, seeds))} (model init, batches, noise).", "",
-        *rows, "", "Test accuracy (%) per seed:", "", *per_seed, "", *closing(findings, all_runs)])
+        *rows, "", "Test accuracy (%) per seed:", "", *per_seed, "", *closing(findings, all_runs, manifests)])
 
 
 def _curve(runs: list, key: str) -> dict[int, tuple[float, float, int]]:

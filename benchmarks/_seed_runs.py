@@ -164,16 +164,23 @@ def groups(name: str, scale: str) -> dict[str, list[tuple[int, dict, dict]]]:
     return {k: sorted(v, key=lambda r: r[0]) for k, v in out.items()}
 
 
-def machine(runs: list[dict]) -> str:
+def machine(runs: list[dict], manifests: list[dict] | None = None) -> str:
+    """Where the runs trained: this machine for CPU runs, else the device, torch and Python their manifests name."""
     secs = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
+    prov = [m.get("provenance", {}) for m in manifests or []]
+    devices = sorted({p.get("device", "cpu") for p in prov})
+    total = f"{len(secs)} runs, {sum(secs) / 60:.1f} min of training in total"
+    if devices and devices != ["cpu"]:
+        soft = sorted({f"torch {p.get('torch')}, Python {p.get('python')}" for p in prov})
+        return (f"device {', '.join(devices)} ({'; '.join(soft)}): one lent NVIDIA H100 80GB shared by 6-12 runs at "
+                f"a time (`benchmarks/seed_gpu.py`), so a run's wall time is not its speed alone; {total}")
     return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs while these ran), torch "
-            f"{__import__('torch').__version__}, 1 thread per run, {len(secs)} runs, {sum(secs) / 60:.1f} min of "
-            f"training in total")
+            f"{__import__('torch').__version__}, 1 thread per run, {total}")
 
 
-def closing(findings: list[str], runs: list[dict]) -> list[str]:
+def closing(findings: list[str], runs: list[dict], manifests: list[dict] | None = None) -> list[str]:
     """The end of a table: its findings, then the machine the runs took."""
-    return ["## Findings", "", *findings, "", f"Machine: {machine(runs)}.", ""]
+    return ["## Findings", "", *findings, "", f"Machine: {machine(runs, manifests)}.", ""]
 
 
 def hist(metrics: dict, key: str) -> dict[int, float]:

@@ -51,6 +51,10 @@ SCALES = {
                     vit_kwargs={"embed_dim": 192, "num_heads": 3, "depth": 12}, vit_lr=1e-3, vit_tune_fraction=0.2,
                     vit_trials=4, vit_trial_steps=100, vit_probe_images=1000),
 }
+# the ViT arm as it fitted the last ~10 minutes of a 30-minute H100 lease: 3 seeds, 500 fine-tuning steps per
+# (ε, tuned/untuned), a 96-wide 12-block ViT pre-trained for 1,000 steps on the 1,600 public pre-training images
+SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=1000, seeds=(0, 1, 2),
+                                        vit_kwargs={"embed_dim": 96, "num_heads": 3, "depth": 12})
 OUT = ROOT / "results/seed_arms"
 
 

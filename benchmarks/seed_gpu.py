@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT / ".device_data"
 SIGMA_CACHE = ROOT / "results/sigma-cache"
 LOG = ROOT / "results/seed_gpu_jobs.jsonl"
-ARM_ORDER = ("ke", "ganesh", "trace", "continual")
+ARM_ORDER = ("vit", "ke", "ganesh", "trace", "continual")
+ARM_SCALE = {"vit": "gpu_vit"}  # the scale each arm runs at on the GPU (default "gpu")
 
 
 def prepare(shared: Path) -> None:
@@ -69,13 +70,17 @@ def prepare(shared: Path) -> None:
     print(f"wrote {DATA}: {sum(p.stat().st_size for p in DATA.rglob('*') if p.is_file()) / 2**20:.1f} MiB")
 
 
+def arm_scale(arm: str) -> str:
+    return ARM_SCALE.get(arm, "gpu")
+
+
 def _job(kind: str, name: str, key) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
     if kind == "arm":
         import seed_arms
 
-        seed_arms.run_arm(name, "gpu", key)
+        seed_arms.run_arm(name, arm_scale(name), key)
     else:
         from _seed_runs import _run_one
 
@@ -83,7 +88,7 @@ def _job(kind: str, name: str, key) -> dict:
     return {"kind": kind, "name": name, "key": key, "seconds": time.time() - t0, "end": time.time()}
 
 
-def jobs(arms: list[str], runs: bool) -> list[tuple[str, str, object]]:
+def jobs(arms: list[str], runs: bool, bases: list[str] | None = None) -> list[tuple[str, str, object]]:
     """Pending jobs, seed-major: for each seed, its arms (longest first) then its continual-config variants."""
     import re
 
@@ -92,22 +97,25 @@ def jobs(arms: list[str], runs: bool) -> list[tuple[str, str, object]]:
     from audit.config import select_variant, variant_names
 
     cfg = scale_config("continual", SCALES["gpu"])
-    variants = variant_names(cfg) if runs else []
+    variants = [v for v in (variant_names(cfg) if runs else []) if bases is None or v.rsplit("-s", 1)[0] in bases]
     out = []
     for seed in seed_arms.SCALES["gpu"].seeds:
-        out += [("arm", a, seed) for a in ARM_ORDER if a in arms and not seed_arms.part_path("gpu", a, seed).exists()]
+        out += [("arm", a, seed) for a in ARM_ORDER if a in arms and seed in seed_arms.SCALES[arm_scale(a)].seeds
+                and not seed_arms.part_path(arm_scale(a), a, seed).exists()]
         out += [("run", "continual", v) for v in variants if re.fullmatch(rf".+-s{seed}", v)
                 and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
     return out
 
 
-def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float) -> None:
+def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bases: list[str] | None = None,
+        first: list[str] = ()) -> None:
     import multiprocessing as mp
 
     t0 = time.time()
     os.chdir(ROOT)
     os.environ["DP_AUDIT_SIGMA_CACHE"] = str(SIGMA_CACHE)
-    todo = jobs(arms, runs)
+    todo = jobs(arms, runs, bases)
+    todo.sort(key=lambda j: (j[1] if j[0] == "arm" else str(j[2]).rsplit("-s", 1)[0]) not in first)  # stable
     print(f"{len(todo)} job(s) on {workers} worker(s); soft {soft:.0f} s, hard {hard:.0f} s", flush=True)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     pending = {}
@@ -145,11 +153,71 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float) -> 
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+def profile(steps: int, out: Path | None) -> None:
+    """One process alone on the device: seconds per step of the arms' loop (ResNet-20, batch 256, the gpu scale's
+    data) non-DP, DP with Opacus hooks and DP with ``bk``, then the top device kernels of 10 DP (hooks) steps."""
+    import dataclasses
+    import statistics
+
+    import torch
+
+    import seed_arms
+    from audit.seed_arms.common import build, load_arm_data, phase, train
+    from training.device import resolve_device, synchronize
+
+    dev = resolve_device("auto")
+    scale = seed_arms.SCALES["gpu"]
+    data = load_arm_data(scale, device=dev)
+    lines = [f"device {dev}, torch {torch.__version__}, {steps} steps per mode (median of the last {steps - 10})"]
+
+    def timed(sigma, mode, n, on=None):
+        spec = phase("private", data.private, scale=scale, steps=n, sigma=sigma, seed=0, index=0)
+        if mode:
+            spec = dataclasses.replace(spec, privacy=spec.privacy.model_copy(update={"grad_sample_mode": mode}))
+        stamps = []
+
+        def hook(g, *_):
+            synchronize(dev)
+            stamps.append(time.perf_counter())
+            if on:
+                on(g)
+
+        train(build(scale, data, seed=0, device=dev), [spec], seed=0, device=dev, on_step=hook)
+        return statistics.median(b - a for a, b in zip(stamps[10:], stamps[11:]))
+
+    for label, sigma, mode in (("non-DP", None, None), ("DP, hooks", 1.0, "hooks"), ("DP, bk", 1.0, "bk")):
+        try:
+            lines.append(f"{label}: {1000 * timed(sigma, mode, steps):.1f} ms/step")
+        except Exception as exc:  # a mode that fails here is reported, the others still run
+            lines.append(f"{label}: failed ({exc!r})"[:300])
+        print(lines[-1], flush=True)
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type != "cpu" else [])
+    with tprofile(activities=acts) as prof:
+        timed(1.0, "hooks", 12)
+    key = "self_device_time_total" if dev.type != "cpu" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)
+    print("\n".join(lines[1:]) + "\n" + table, flush=True)
+    if out:
+        out.write_text("\n".join(lines) + "\n\n" + table + "\n")
+
+
+def unpack(tarball: Path) -> None:
+    """Extract a pack into ``results/`` (JSON only, paths checked), e.g. the committed GPU results."""
+    with tarfile.open(tarball, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith("results/")
+                   and ".." not in Path(m.name).parts and m.name.endswith((".json", ".jsonl"))]
+        tar.extractall(ROOT, members=members, filter="data")
+    print(f"unpacked {len(members)} file(s) from {tarball}")
+
+
 def pack(dest: Path) -> None:
     """One tarball of everything a later table needs (no checkpoints)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w:gz") as tar:
-        for p in sorted((ROOT / "results/seed_arms/gpu").rglob("*.json")):
+        arms = sorted(p for d in ("gpu", *ARM_SCALE.values()) for p in (ROOT / "results/seed_arms" / d).rglob("*.json"))
+        for p in arms:
             tar.add(p, arcname=str(p.relative_to(ROOT)))
         for p in sorted((ROOT / "results/experiments-gpu").glob("*/*.json")):
             tar.add(p, arcname=str(p.relative_to(ROOT)))
@@ -167,16 +235,28 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run the pending gpu-scale jobs until the deadlines")
     r.add_argument("--arms", nargs="*", default=list(ARM_ORDER), choices=ARM_ORDER)
     r.add_argument("--no-runs", action="store_true", help="skip the continual config's variants")
+    r.add_argument("--variants", nargs="*", default=None,
+                   help="only these variant bases of the continual config (e.g. sw0 sw1); default all")
+    r.add_argument("--first", nargs="*", default=[], help="arms or variant bases whose pending jobs start first")
     r.add_argument("--workers", type=int, default=8)
     r.add_argument("--soft", type=float, default=420.0, help="seconds after which no job starts")
     r.add_argument("--hard", type=float, default=540.0, help="seconds after which running jobs are stopped")
     k = sub.add_parser("pack", help="write the results to one tarball")
     k.add_argument("dest", type=Path)
+    u = sub.add_parser("unpack", help="extract a pack's JSON into results/")
+    u.add_argument("tarball", type=Path)
+    f = sub.add_parser("profile", help="one process alone: ms/step non-DP / DP hooks / DP bk, top kernels")
+    f.add_argument("--steps", type=int, default=60)
+    f.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.shared)
     elif args.cmd == "run":
-        run(args.arms, not args.no_runs, args.workers, args.soft, args.hard)
+        run(args.arms, not args.no_runs, args.workers, args.soft, args.hard, args.variants, args.first)
+    elif args.cmd == "unpack":
+        unpack(args.tarball)
+    elif args.cmd == "profile":
+        profile(args.steps, args.out)
     else:
         pack(args.dest)
     return 0
