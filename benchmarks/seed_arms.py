@@ -51,6 +51,16 @@ SCALES = {
                     vit_kwargs={"embed_dim": 192, "num_heads": 3, "depth": 12}, vit_lr=1e-3, vit_tune_fraction=0.2,
                     vit_trials=4, vit_trial_steps=100, vit_probe_images=1000),
 }
+# the largest CPU scale that fits about an hour of a shared 2-core CPU (issue 16's fallback when no GPU time is
+# left): 5 seeds, 300 DP steps of batch 64 on 2,000 private images, tr(H) with 32 probes on 256 held-out images,
+# σ by PLD; the ViT arm 200 steps per (ε, tuned/untuned), pre-trained on 1,800 of 3,000 public images
+SCALES["cpu_hour"] = ArmScale(name="cpu_hour", private=2000, public=1000, val=500, test=1000, batch_size=64,
+                              steps=300, switch=60, source_steps=400, public_steps=(0, 10, 30, 100, 300),
+                              seeds=(0, 1, 2, 3, 4), hessian_batch=256, hessian_probes=32, hessian_every=50,
+                              trace_steps=300, knn_every=50, barrier_points=11, accountant="pld",
+                              downstream_private=2000, downstream_val=500, vit_public=3000, vit_trials=3,
+                              vit_trial_steps=25, vit_probe_images=1000)
+SCALES["cpu_hour_vit"] = SCALES["cpu_hour"].with_(name="cpu_hour_vit", steps=200)
 # the ViT arm as it fitted the last ~10 minutes of a 30-minute H100 lease: 3 seeds, 500 fine-tuning steps per
 # (ε, tuned/untuned), a 96-wide 12-block ViT pre-trained for 1,000 steps on the 1,600 public pre-training images
 SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=1000, seeds=(0, 1, 2),

@@ -18,6 +18,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,8 +35,8 @@ def _pct(v: list[float]) -> str:
     return f"{fmt_mean_sd(v, '.1f', 100)} %"
 
 
-def _row(paper: str, claim: str, measured: str, test: str, verdict_: str, cmd: str) -> str:
-    return f"| {paper} | {claim} | {measured} | {test} | **{verdict_}** | `{cmd}` |"
+def _row(scale: str, paper: str, claim: str, measured: str, test: str, verdict_: str, cmd: str) -> str:
+    return f"| {paper} | {claim} | {scale} | {measured} | {test} | **{verdict_}** | `{cmd}` |"
 
 
 def _test(a: list[float], b: list[float], *, family: int = 1, scale: float = 100, fmt: str = "+.1f"
@@ -62,7 +63,7 @@ def continual_rows(scale: str) -> list[str]:
     adj = holm([r.p for _, r in tests if r is not None])
     for (k, r), p in zip([t for t in tests if t[1] is not None], adj):
         what = "continual (fixed switch)" if k == "continual" else "continual (decelerator rule)"
-        rows.append(_row("Bu et al. 2024", f"DP continual pre-training > DP from scratch, equal ε and total steps "
+        rows.append(_row(scale, "Bu et al. 2024", f"DP continual pre-training > DP from scratch, equal ε and total steps "
                          f"[{what}]", f"{_pct(acc[k])} vs {_pct(acc['scratch'])}",
                          f"Welch p = {r.p:.3f}, Holm ×{len(adj)}: p = {p:.3f}", verdict(diff=r.diff, p=p), cmd))
     sweep = sweep_points(g)
@@ -75,12 +76,12 @@ def continual_rows(scale: str) -> list[str]:
         measured = "; ".join(f"{s}: {_pct(acc[k])}" for s, k in sweep)
         if res:
             i = max(range(len(res)), key=lambda j: res[j][1].diff)
-            rows.append(_row("Bu et al. 2024", "some public steps before DP beat none (switch-point sweep, equal total "
+            rows.append(_row(scale, "Bu et al. 2024", "some public steps before DP beat none (switch-point sweep, equal total "
                              "steps, σ by PLD)", measured, f"each k > 0 vs 0 by Welch, Holm over {len(res)}: best "
                              f"k = {res[i][0]}, p = {adj[i]:.3f}", verdict(diff=res[i][1].diff, p=adj[i]), cmd))
         if "continual-dec" in g:
             sw = [x["continual"]["switch_step"] for _, _, x in g["continual-dec"]]
-            rows.append(_row("Bu et al. 2024", "the decelerator rule switches near the sweep's best point",
+            rows.append(_row(scale, "Bu et al. 2024", "the decelerator rule switches near the sweep's best point",
                              f"rule: {statistics.mean(sw):.0f} public steps ({', '.join(map(str, sw))}); sweep best "
                              f"mean: {best[0]} (picked on test accuracy, descriptive)", "none (descriptive)",
                              "inconclusive", cmd))
@@ -88,8 +89,11 @@ def continual_rows(scale: str) -> list[str]:
 
 
 def _arm(scale: str, name: str) -> dict | None:
-    p = ROOT / "results/seed_arms" / scale / f"{name}.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+    """An arm's JSON at ``scale``: this machine's run, else the copy kept in ``results/reference/seed_arms``."""
+    for base in (ROOT / "results/seed_arms", OUT / "seed_arms"):
+        if (base / scale / f"{name}.json").is_file():
+            return json.loads((base / scale / f"{name}.json").read_text())
+    return None
 
 
 def bu_arm_rows(scale: str) -> list[str]:
@@ -101,13 +105,13 @@ def bu_arm_rows(scale: str) -> list[str]:
         gap = welch(ps["nondp_acc"], ps["clip_only_acc"])
         gap_s = (f"; non-DP − clip-only {100 * gap.diff:+.1f} points, 95 % CI [{100 * gap.ci_low:.1f}, "
                  f"{100 * gap.ci_high:.1f}]" if gap else "")
-        rows.append(_row("Bu et al. 2024", "noise, not clipping, causes the degradation (σ = 0 clipping-only arm ≈ "
+        rows.append(_row(scale, "Bu et al. 2024", "noise, not clipping, causes the degradation (σ = 0 clipping-only arm ≈ "
                          "non-DP, > DP)", f"non-DP {_pct(ps['nondp_acc'])}, clip-only {_pct(ps['clip_only_acc'])}, "
                          f"DP {_pct(ps['scratch_acc'])}{gap_s}", f"clip-only > DP: {t}", v, cmd))
         t, v, _ = _test(ps["plateau_acc"], ps["scratch_acc"], family=2)
         if all(r == "max_public_steps" for r in ps["plateau_reason"]):
             t += "; the rule never fired (the public val loss kept improving): in effect a fixed switch at its cap"
-        rows.append(_row("Bu et al. 2024", "the plateau switch rule (public val loss) gives a useful switch",
+        rows.append(_row(scale, "Bu et al. 2024", "the plateau switch rule (public val loss) gives a useful switch",
                          f"switch at {', '.join(map(str, ps['plateau_switch']))} public steps "
                          f"({', '.join(ps['plateau_reason'])}); "
                          f"{_pct(ps['plateau_acc'])} vs scratch {_pct(ps['scratch_acc'])}", f"plateau > scratch: {t}",
@@ -115,7 +119,7 @@ def bu_arm_rows(scale: str) -> list[str]:
         auc = {k: ps[f"{k}_loss_auc"] for k in ("nondp", "scratch", "continual", "plateau")}
         t, v, _ = _test(auc["nondp"], auc["continual"], scale=1, fmt="+.3f")
         ci = f"[{min(ps['continual_loss_auc_lo']):.3f}, {max(ps['continual_loss_auc_hi']):.3f}]"
-        rows.append(_row("Bu et al. 2024", "continual checkpoints resist membership inference (the DP claim covers "
+        rows.append(_row(scale, "Bu et al. 2024", "continual checkpoints resist membership inference (the DP claim covers "
                          "the private data)", "LOSS AUC: " + ", ".join(f"{k} {fmt_mean_sd(v_, '.3f')}"
                                                                      for k, v_ in auc.items())
                          + f"; continual's bootstrap CIs span {ci}", f"non-DP AUC > continual AUC: {t}", v, cmd))
@@ -130,13 +134,13 @@ def bu_arm_rows(scale: str) -> list[str]:
             shape, peak = peak_and_fall(curve)
             shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps")
         any_fall = any("peak-and-fall" in s for s in shapes)
-        rows.append(_row("Bu et al. 2024", "tr(H) rises early in pre-training, then peaks and falls",
+        rows.append(_row(scale, "Bu et al. 2024", "tr(H) rises early in pre-training, then peaks and falls",
                          "; ".join(shapes), "peak − last > 2 SE (SD over seeds / √n)",
                          "reproduced" if any_fall else "inconclusive", cmd))
         means = {k: [statistics.mean(r["trace_h"] for r in rows_ if r["step"] > 0) for rows_ in ps[f"{k}_trace"]]
                  for k in ("pretrain_dp", "finetune_dp")}
         t, v, _ = _test(means["pretrain_dp"], means["finetune_dp"], scale=1, fmt="+.0f")
-        rows.append(_row("Bu et al. 2024", "tr(H) is smaller in (DP) fine-tuning than in (DP) pre-training",
+        rows.append(_row(scale, "Bu et al. 2024", "tr(H) is smaller in (DP) fine-tuning than in (DP) pre-training",
                          f"mean tr(H) over the run: pre-training {fmt_mean_sd(means['pretrain_dp'], '.0f')}, "
                          f"fine-tuning {fmt_mean_sd(means['finetune_dp'], '.0f')}", f"pre-training > fine-tuning: {t}",
                          v, cmd))
@@ -154,8 +158,11 @@ def _finetune_summary() -> dict[tuple[str, int], tuple[float, float]]:
     return out
 
 
-def ke_rows(scale: str) -> list[str]:
-    rows = []
+def finetune_table_rows(scale: str) -> list[str]:
+    """Ke et al.'s budget-split claims from ``finetune_strategies.md`` (the committed CPU-scale table)."""
+    rows: list[str] = []
+    if scale != "cpu":
+        return rows
     s = _finetune_summary()
     cmd = "python benchmarks/seed_papers.py run finetune_source finetune && python benchmarks/seed_papers.py tables"
     for eps in (1, 8):
@@ -172,26 +179,31 @@ def ke_rows(scale: str) -> list[str]:
                 "inconclusive"
             near = (f" {'DP-FFT' if other == 'fft' else 'DP-LP'} is near chance (10 %)."
                     if chance_test(s[(other, eps)][0] / 100, n=3000, chance=0.1).near else "")
-            rows.append(_row("Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies.md, 40 steps)",
+            rows.append(_row("cpu", "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies.md, 40 steps)",
                              f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k, _ in res)} % vs "
                              f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, 3 seeds.{near}",
                              f"Welch per split, Holm over 3 splits: best p = {adj[i]:.3f}", v, cmd))
+    return rows
+
+
+def ke_rows(scale: str) -> list[str]:
+    rows = []
     k = _arm(scale, "ke")
     if k:
         ps, cmd = k["per_seed"], ARMS_CMD.format(arm="ke", scale=scale)
         t, v, _ = _test(ps["lp_aligned_acc"], ps["random_acc"], family=2)
-        rows.append(_row("Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
+        rows.append(_row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
                          f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
                          f"LP-aligned {_pct(ps['lp_aligned_acc'])}, random {_pct(ps['random_acc'])}, zero "
                          f"{_pct(ps['zero_acc'])}", f"LP-aligned > random: {t}", v, cmd))
         t, v, _ = _test(ps["lp_aligned_knn"], ps["random_knn"], family=2)
-        rows.append(_row("Ke et al. 2024", "the misaligned (random) head distorts the features: kNN quality of the "
+        rows.append(_row(scale, "Ke et al. 2024", "the misaligned (random) head distorts the features: kNN quality of the "
                          "backbone after fine-tuning", f"kNN on held-out val: LP-aligned {_pct(ps['lp_aligned_knn'])}, "
                          f"random {_pct(ps['random_knn'])}, zero {_pct(ps['zero_knn'])} (start "
                          f"{_pct([c[0]['knn'] for c in ps['random_knn_curve']])})", f"LP-aligned > random: {t}", v,
                          cmd))
         t, v, _ = _test(ps["selected_acc"], ps["random_acc"])
-        rows.append(_row("Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data beats "
+        rows.append(_row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data beats "
                          "DP-FFT",
                          f"selected {', '.join(ps['selected_split'])}: {_pct(ps['selected_acc'])} vs FFT "
                          f"{_pct(ps['random_acc'])}", f"{t} (selection on val: no test-set correction needed)", v,
@@ -206,33 +218,118 @@ def ganesh_rows(scale: str) -> list[str]:
     ps, cmd = g["per_seed"], ARMS_CMD.format(arm="ganesh", scale=scale)
     top = max(g["budgets"])
     t, v, _ = _test(ps[f"public{top}_acc"], ps["public0_acc"])
-    rows = [_row("Ganesh et al. 2023", "public pre-training is necessary: DP accuracy grows with public steps",
+    rows = [_row(scale, "Ganesh et al. 2023", "public pre-training is necessary: DP accuracy grows with public steps",
                  "; ".join(f"{k}: {_pct(ps[f'public{k}_acc'])}" for k in g["budgets"]),
                  f"{top} public steps > 0: {t}", v, cmd)]
     t, v, _ = _test(ps["barrier_random"], ps["barrier_same_public"], scale=1, fmt="+.3f")
-    rows.append(_row("Ganesh et al. 2023", "one basin: the loss barrier between two DP runs from one public init is "
+    rows.append(_row(scale, "Ganesh et al. 2023", "one basin: the loss barrier between two DP runs from one public init is "
                      "smaller than between DP runs from random inits",
                      f"barrier (private train loss): same public init {fmt_mean_sd(ps['barrier_same_public'], '.3f')}, "
                      f"random inits {fmt_mean_sd(ps['barrier_random'], '.3f')}", f"random > same: {t}", v, cmd))
     return rows
+
+VIT_EPS = (("eps1", "1"), ("eps3", "3"), ("eps8", "8"), ("epsinf", "∞"))
+R2_BAR = 0.9
+
+
+def _bound(values: list[float]) -> tuple[float, float, float]:
+    """(mean, lower, upper) 95 % t-interval of the mean over seeds (nan bounds below 2 values)."""
+    from scipy import stats
+
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if len(v) < 2:
+        return (v[0] if v else math.nan), math.nan, math.nan
+    m, sd = statistics.mean(v), statistics.stdev(v)
+    h = stats.t.ppf(0.975, len(v) - 1) * sd / math.sqrt(len(v))
+    return m, m - h, m + h
+
+
+def _law_verdict(values: list[float]) -> str:
+    _, lo, hi = _bound(values)
+    return "reproduced" if lo > R2_BAR else "not reproduced" if hi < R2_BAR else "inconclusive"
+
+
+def _holm_rows(pairs: list[tuple[str, Any]]) -> tuple[str, str]:
+    """(test text, verdict) of per-ε Welch tests under Holm's correction: reproduced if any corrected test rejects in
+    the paper's direction, not reproduced if all reject against it."""
+    ok = [(t, r) for t, r in pairs if r is not None]
+    if not ok:
+        return "too few seeds for a test", "inconclusive"
+    adj = holm([r.p for _, r in ok])
+    vs = [verdict(diff=r.diff, p=p) for (_, r), p in zip(ok, adj)]
+    v = ("reproduced" if "reproduced" in vs else "not reproduced" if all(x == "not reproduced" for x in vs)
+         else "inconclusive")
+    return f"Welch per ε, Holm over {len(ok)}: " + ", ".join(f"ε={t} p = {p:.3f}" for (t, _), p in zip(ok, adj)), v
+
+
+def vit_rows(scale: str) -> list[str]:
+    """The representation law on a 12-block ViT (per-block fuzziness D and prediction residual, 12-point fits)."""
+    a = _arm(scale, "vit")
+    if not a:
+        return []
+    ps, cmd = a["per_seed"], ARMS_CMD.format(arm="vit", scale=scale)
+    paper, rows = "representation law (DP fine-tuned ViTs)", []
+    what = (f"{a['blocks']}-block ViT (width {a['vit_kwargs'].get('embed_dim')}), {a['steps']} fine-tuning steps, "
+            f"{len(a['seeds'])} seeds, {a['probe_images']} held-out images; pre-trained model "
+            f"{_pct(ps['pretrain_acc'])}")
+    for key, label in (("D", "fuzziness D"), ("res", "prediction residual")):
+        r2 = {e: ps[f"{e}_tuned_r2_{key}"] for e, _ in VIT_EPS}
+        rho = {e: ps[f"{e}_tuned_rho_{key}"] for e, _ in VIT_EPS}
+        vs = [_law_verdict(r2[e]) for e, _ in VIT_EPS]
+        rows.append(_row(scale, paper, f"per-block {label} decays geometrically over the blocks (tuned models, every "
+                         "ε)", f"{what}. By ε: " + "; ".join(f"ε={t}: R² {fmt_mean_sd(r2[e], '.2f')}, ρ "
+                                                             f"{fmt_mean_sd(rho[e], '.3f')}" for e, t in VIT_EPS),
+                         f"95 % t-interval of the mean R² against {R2_BAR}, per ε: {', '.join(vs)}",
+                         vs[0] if len(set(vs)) == 1 else "inconclusive", cmd))
+    test, v = _holm_rows([(t, welch(ps[f"{e}_tuned_r2_D"], ps[f"{e}_untuned_r2_D"])) for e, t in VIT_EPS])
+    rows.append(_row(scale, paper, "tuned hyper-parameters make the law hold better (R² of the D fit, tuned > "
+                     "untuned)", "; ".join(f"ε={t}: {fmt_mean_sd(ps[f'{e}_tuned_r2_D'], '.2f')} vs "
+                                         f"{fmt_mean_sd(ps[f'{e}_untuned_r2_D'], '.2f')}" for e, t in VIT_EPS),
+                     test, v, cmd))
+    t, v, _ = _test(ps["eps1_tuned_rho_D"], ps["epsinf_tuned_rho_D"], scale=1, fmt="+.3f")
+    rows.append(_row(scale, paper, "stronger privacy slows the separation across blocks (ρ of D at ε = 1 > non-DP)",
+                     f"ρ: ε=1 {fmt_mean_sd(ps['eps1_tuned_rho_D'], '.3f')}, ε=∞ "
+                     f"{fmt_mean_sd(ps['epsinf_tuned_rho_D'], '.3f')}", f"ε=1 > ε=∞: {t}", v, cmd))
+    test, v = _holm_rows([(t, welch(ps[f"{e}_tuned_acc"], ps[f"{e}_untuned_acc"])) for e, t in VIT_EPS])
+    rows.append(_row(scale, paper, "tuning (learning rate searched on public data, no privacy cost) improves "
+                     "fine-tuning accuracy", "; ".join(f"ε={t}: {_pct(ps[f'{e}_tuned_acc'])} vs "
+                                                       f"{_pct(ps[f'{e}_untuned_acc'])}" for e, t in VIT_EPS),
+                     test, v, cmd))
+    return rows
+
+
+SECTIONS = (continual_rows, bu_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
+SCALES = ("gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
     from training.io import write_text
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", default="cpu")
+    parser.add_argument("--scales", nargs="+", default=list(SCALES),
+                        help="for each group of claims, the first of these scales that has results is used")
     args = parser.parse_args(argv)
-    rows = continual_rows(args.scale) + bu_arm_rows(args.scale) + ke_rows(args.scale) + ganesh_rows(args.scale)
-    scale_json = next((a for a in (_arm(args.scale, n) for n in ("continual", "ke", "ganesh", "trace")) if a), {})
+    rows: list[str] = []
+    settings: dict[str, dict] = {}
+    for fn in SECTIONS:
+        for sc in args.scales:
+            got = fn(sc)
+            if got:
+                rows += got
+                arm = next((a for a in (_arm(sc, n) for n in ("continual", "trace", "ke", "ganesh", "vit")) if a), None)
+                if arm:
+                    settings[sc] = arm.get("scale_settings", {})
+                break
     text = "\n".join([
         "# The seed papers' findings, claim by claim", "",
-        f"Re-make: `python benchmarks/seed_papers.py run continual --workers 2 && python benchmarks/seed_arms.py run "
-        f"continual trace ke ganesh --scale {args.scale} && python benchmarks/seed_findings.py --scale {args.scale}` "
-        "(the Ke et al. budget-split rows restate `finetune_strategies.md`).", "",
-        *SCALE_NOTE, "", f"Arm settings: `{json.dumps(scale_json.get('scale_settings', {}))}`", "",
-        "| paper | claim | our measurement (mean ± SD over seeds) | test (correction) | verdict | command |",
-        "|---|---|---|---|---|---|", *rows, "", *IN_WORDS, *LEFT_OUT, ""])
+        "Re-make: each row's command (the `--scale` it names), then `python benchmarks/seed_findings.py`; the GPU "
+        "rows' runs are kept in `results/reference/seed_gpu/runs.tgz` (`python benchmarks/seed_gpu.py unpack "
+        "results/reference/seed_gpu/runs.tgz` puts them back) and the arms' results in "
+        "`results/reference/seed_arms/<scale>/`.", "",
+        *SCALE_NOTE, "",
+        "| paper | claim | scale | our measurement (mean ± SD over seeds) | test (correction) | verdict | command |",
+        "|---|---|---|---|---|---|---|", *rows, "", *IN_WORDS, *LEFT_OUT, "", "## Scale settings", "",
+        *[f"* `{sc}`: `{json.dumps(v)}`" for sc, v in settings.items()], ""])
     write_text(OUT / "seed_findings.md", text)
     print(text)
     return 0

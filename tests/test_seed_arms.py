@@ -128,3 +128,33 @@ def test_ganesh_arm_sweeps_public_budgets_and_measures_both_barriers():
     for name in ("same_public", "random"):
         curve = per[f"barrier_{name}_curve"][0]
         assert len(curve) == TINY.barrier_points and per[f"barrier_{name}"][0] >= 0
+
+
+def test_downstream_sizes_give_private_and_val_only():
+    d = load_arm_data(TINY.with_(downstream_private=50, downstream_val=30), downstream=True)
+    assert (len(d.private), len(d.public), len(d.val)) == (50, 0, 30)
+    same = load_arm_data(TINY, downstream=True)  # without them: the pre-training sizes, as before
+    assert (len(same.private), len(same.public), len(same.val)) == (120, 60, 40)
+
+
+def test_per_seed_parts_merge_to_the_all_seeds_run(tmp_path, monkeypatch):
+    """benchmarks/seed_arms.py merge: one job per seed, joined, equals one job over all seeds."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import seed_arms
+
+    from audit.seed_arms.ganesh import ganesh_arm
+
+    two = TINY.with_(name="tiny2", seeds=(0, 1))
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
+    monkeypatch.setitem(seed_arms.SCALES, "tiny2", two)
+    whole = ganesh_arm(two)
+    for s in (1, 0):
+        seed_arms.run_arm("ganesh", "tiny2", s)
+    merged = seed_arms.merge("ganesh", "tiny2")
+    assert merged["seeds"] == [0, 1] and merged["scale_settings"]["seeds"] == [0, 1]
+    for k, v in whole["per_seed"].items():
+        assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
+    assert (tmp_path / "tiny2" / "ganesh.json").is_file()
