@@ -60,9 +60,9 @@ def table_continual(scale: str = "cpu") -> str | None:
         if by_seed:
             per_seed.append(f"| {label} | " + " | ".join(f"{100 * by_seed[s]:.1f}" if s in by_seed else "–"
                                                       for s in seeds) + " |")
-    findings = [f"- Tests: Welch's two-sample t-test (two-sided) on per-seed test accuracy; Holm's correction over the "
-                f"comparisons with DP from scratch made here; pooled SD = within-group pooled SD. A claim is "
-                f"'reproduced' only when its corrected p < 0.05 in the paper's direction."]
+    findings = ["- Tests: Welch's two-sample t-test (two-sided) on per-seed test accuracy; Holm's correction over the "
+                "comparisons with DP from scratch made here; pooled SD = within-group pooled SD. A claim is "
+                "'reproduced' only when its corrected p < 0.05 in the paper's direction."]
     tests = [(k, welch(accs[k], accs["scratch"])) for k in ("continual", "continual-dec")
              if k in accs and "scratch" in accs]
     tests = [(k, r) for k, r in tests if r is not None]

@@ -183,8 +183,6 @@ def run_width(args, x, y, c1, c2, rows, checks, farm) -> None:
                 wall = time.perf_counter() - t0
                 cpu = time.process_time() - cpu0
             results[executor] = sds
-            if executor == "sequential":
-                seq_wall = wall
             acc = accuracy_on_non_members(factory, sds, x, y, masks)
             rows.append(dict(model=model, k=k, executor=executor, wall=wall, cpu=cpu, acc=acc))
             print(f"{model} K={k:3d} {executor:10s} wall {wall:8.1f} s  cpu {cpu:8.1f} s  {k / wall:6.2f} models/s  "
