@@ -169,7 +169,7 @@ def run_width(args, x, y, c1, c2, rows, checks, farm) -> None:
     for k in args.models:
         masks = np.random.default_rng([args.seed, k]).random((k, len(x))) < 0.5
         seeds = list(range(k))
-        results, seq_wall = {}, None
+        results = {}
         for executor in args.executors:
             cpu0 = time.process_time()
             t0 = time.perf_counter()

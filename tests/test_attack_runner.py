@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 from attacks.metrics import auc, tpr_at_fpr

@@ -31,7 +31,7 @@ from training.io import save_safetensors
 
 MODULE = "dp_audit_hostile_payload"
 ARCH = f"{MODULE}:factory"
-SOURCE = f'''
+SOURCE = '''
 import pathlib
 pathlib.Path(__file__).with_name("IMPORTED").write_text("the payload's top level ran")
 

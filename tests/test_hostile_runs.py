@@ -25,7 +25,7 @@ import torch
 from fixtures_runs import make_run, update_json
 from hostile_common import ATTACK_ARGS, Payload, assert_error, cli, edit_json, rehash, write_cfg
 
-from training.io import load_safetensors, save_safetensors, sha256_file, write_npz
+from training.io import load_safetensors, save_safetensors, write_npz
 
 
 @pytest.fixture(scope="module")

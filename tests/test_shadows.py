@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from attacks.recipe import batched_unsupported, recipe_hash, shadow_config, shadow_recipe
 from attacks.shadow_train import resolve_executor, train_shadow_models

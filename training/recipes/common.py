@@ -24,7 +24,7 @@ from training.errors import ConfigError
 from training.hessian import HessianMonitor
 from training.run.manifest import PhaseInfo
 from training.pool import Pool, draw_membership
-from training.loop import NextPhase, RunContext
+from training.loop import NextPhase
 
 __all__ = ["RunSetup", "Recipe", "HELD_OUT_SEED", "calibrate_sigma", "held_out_batch", "make_monitor",
            "make_gradient_canaries", "phase_seed"]

@@ -26,10 +26,9 @@ the Opacus engine takes (flat clipping only).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
