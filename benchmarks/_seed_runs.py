@@ -62,6 +62,27 @@ SCALES = {
         },
         variant_overrides={"continual": {  # the issue's switch-point sweep {0, 50, 100, 200, 400} of 1,000 steps
             f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
+    "cpu_hour": Scale(
+        name="cpu_hour", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-cpu-hour",
+        description="the largest CPU scale of about an hour (2 cores): 300 steps of batch 128, 5 seeds, the small "
+                    "CNN, 4,000 private and 1,000 public CIFAR-10 images, tr(H) with 32 probes every 50 steps",
+        overrides={"continual": {"training.steps": 300, "training.hessian.every": 50,
+                                 "training.continual.public.pool_size": 1000, "training.continual.switch_steps": 60,
+                                 "training.continual.max_public_steps": 120, "training.continual.eval_every": 15}},
+        variant_overrides={"continual": {  # 0/50/100/200/400 of 1,000 steps, scaled to 300
+            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 15, 30, 60, 120))}}),
+    "gpu_full": Scale(
+        name="gpu_full", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu-full",
+        description="issue 16's scale on all of CIFAR-10 carried as JPEG (seed_gpu.py prepare --jpeg / decode): "
+                    "20,000 private images, 1,000 steps of batch 256, ResNet-20, 5 seeds",
+        overrides={"continual": {"data.root": ".device_data/cifar10_full", "data.pool_size": 20000,
+                                 "model.arch": "resnet20_cifar", "training.steps": 1000, "training.batch_size": 256,
+                                 "training.hessian.every": 50, "training.continual.public.root":
+                                 ".device_data/cifar10_full", "training.continual.public.pool_size": 5000,
+                                 "training.continual.switch_steps": 200, "training.continual.max_public_steps": 400,
+                                 "training.continual.eval_every": 50}},
+        variant_overrides={"continual": {
+            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
     "gpu": Scale(
         name="gpu", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu",
         description="issue 16 on one H100: 1,000 steps of batch 256, 5 seeds, ResNet-20, 8,000 private CIFAR-10 "

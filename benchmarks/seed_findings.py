@@ -63,7 +63,8 @@ def continual_rows(scale: str) -> list[str]:
     adj = holm([r.p for _, r in tests if r is not None])
     for (k, r), p in zip([t for t in tests if t[1] is not None], adj):
         what = "continual (fixed switch)" if k == "continual" else "continual (decelerator rule)"
-        rows.append(_row(scale, "Bu et al. 2024", f"DP continual pre-training > DP from scratch, equal ε and total steps "
+        rows.append(_row(scale, "Bu et al. 2024",
+                                f"DP continual pre-training > DP from scratch, equal ε and total steps "
                          f"[{what}]", f"{_pct(acc[k])} vs {_pct(acc['scratch'])}",
                          f"Welch p = {r.p:.3f}, Holm ×{len(adj)}: p = {p:.3f}", verdict(diff=r.diff, p=p), cmd))
     sweep = sweep_points(g)
@@ -76,7 +77,8 @@ def continual_rows(scale: str) -> list[str]:
         measured = "; ".join(f"{s}: {_pct(acc[k])}" for s, k in sweep)
         if res:
             i = max(range(len(res)), key=lambda j: res[j][1].diff)
-            rows.append(_row(scale, "Bu et al. 2024", "some public steps before DP beat none (switch-point sweep, equal total "
+            rows.append(_row(scale, "Bu et al. 2024",
+                                    "some public steps before DP beat none (switch-point sweep, equal total "
                              "steps, σ by PLD)", measured, f"each k > 0 vs 0 by Welch, Holm over {len(res)}: best "
                              f"k = {res[i][0]}, p = {adj[i]:.3f}", verdict(diff=res[i][1].diff, p=adj[i]), cmd))
         if "continual-dec" in g:
@@ -105,7 +107,8 @@ def bu_arm_rows(scale: str) -> list[str]:
         gap = welch(ps["nondp_acc"], ps["clip_only_acc"])
         gap_s = (f"; non-DP − clip-only {100 * gap.diff:+.1f} points, 95 % CI [{100 * gap.ci_low:.1f}, "
                  f"{100 * gap.ci_high:.1f}]" if gap else "")
-        rows.append(_row(scale, "Bu et al. 2024", "noise, not clipping, causes the degradation (σ = 0 clipping-only arm ≈ "
+        rows.append(_row(scale, "Bu et al. 2024",
+                                "noise, not clipping, causes the degradation (σ = 0 clipping-only arm ≈ "
                          "non-DP, > DP)", f"non-DP {_pct(ps['nondp_acc'])}, clip-only {_pct(ps['clip_only_acc'])}, "
                          f"DP {_pct(ps['scratch_acc'])}{gap_s}", f"clip-only > DP: {t}", v, cmd))
         t, v, _ = _test(ps["plateau_acc"], ps["scratch_acc"], family=2)
@@ -119,7 +122,8 @@ def bu_arm_rows(scale: str) -> list[str]:
         auc = {k: ps[f"{k}_loss_auc"] for k in ("nondp", "scratch", "continual", "plateau")}
         t, v, _ = _test(auc["nondp"], auc["continual"], scale=1, fmt="+.3f")
         ci = f"[{min(ps['continual_loss_auc_lo']):.3f}, {max(ps['continual_loss_auc_hi']):.3f}]"
-        rows.append(_row(scale, "Bu et al. 2024", "continual checkpoints resist membership inference (the DP claim covers "
+        rows.append(_row(scale, "Bu et al. 2024",
+                                "continual checkpoints resist membership inference (the DP claim covers "
                          "the private data)", "LOSS AUC: " + ", ".join(f"{k} {fmt_mean_sd(v_, '.3f')}"
                                                                      for k, v_ in auc.items())
                          + f"; continual's bootstrap CIs span {ci}", f"non-DP AUC > continual AUC: {t}", v, cmd))
@@ -197,7 +201,8 @@ def ke_rows(scale: str) -> list[str]:
                          f"LP-aligned {_pct(ps['lp_aligned_acc'])}, random {_pct(ps['random_acc'])}, zero "
                          f"{_pct(ps['zero_acc'])}", f"LP-aligned > random: {t}", v, cmd))
         t, v, _ = _test(ps["lp_aligned_knn"], ps["random_knn"], family=2)
-        rows.append(_row(scale, "Ke et al. 2024", "the misaligned (random) head distorts the features: kNN quality of the "
+        rows.append(_row(scale, "Ke et al. 2024",
+                                "the misaligned (random) head distorts the features: kNN quality of the "
                          "backbone after fine-tuning", f"kNN on held-out val: LP-aligned {_pct(ps['lp_aligned_knn'])}, "
                          f"random {_pct(ps['random_knn'])}, zero {_pct(ps['zero_knn'])} (start "
                          f"{_pct([c[0]['knn'] for c in ps['random_knn_curve']])})", f"LP-aligned > random: {t}", v,
@@ -222,7 +227,8 @@ def ganesh_rows(scale: str) -> list[str]:
                  "; ".join(f"{k}: {_pct(ps[f'public{k}_acc'])}" for k in g["budgets"]),
                  f"{top} public steps > 0: {t}", v, cmd)]
     t, v, _ = _test(ps["barrier_random"], ps["barrier_same_public"], scale=1, fmt="+.3f")
-    rows.append(_row(scale, "Ganesh et al. 2023", "one basin: the loss barrier between two DP runs from one public init is "
+    rows.append(_row(scale, "Ganesh et al. 2023",
+                            "one basin: the loss barrier between two DP runs from one public init is "
                      "smaller than between DP runs from random inits",
                      f"barrier (private train loss): same public init {fmt_mean_sd(ps['barrier_same_public'], '.3f')}, "
                      f"random inits {fmt_mean_sd(ps['barrier_random'], '.3f')}", f"random > same: {t}", v, cmd))
@@ -319,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                 arm = next((a for a in (_arm(sc, n) for n in ("continual", "trace", "ke", "ganesh", "vit")) if a), None)
                 if arm:
                     settings[sc] = arm.get("scale_settings", {})
-                break
+                if fn is not continual_rows:  # the configs' runs: every scale that has them (the GPU sweep and the
+                    break                     # CPU runs measure different claims); the arms: the largest scale
     text = "\n".join([
         "# The seed papers' findings, claim by claim", "",
         "Re-make: each row's command (the `--scale` it names), then `python benchmarks/seed_findings.py`; the GPU "

@@ -38,7 +38,7 @@ DATA = ROOT / ".device_data"
 SIGMA_CACHE = ROOT / "results/sigma-cache"
 LOG = ROOT / "results/seed_gpu_jobs.jsonl"
 ARM_ORDER = ("vit", "ke", "ganesh", "trace", "continual")
-ARM_SCALE = {"vit": "gpu_vit"}  # the scale each arm runs at on the GPU (default "gpu")
+ARM_SCALE = {"gpu": {"vit": "gpu_vit"}}  # per --scale, an arm that runs at another scale (default: --scale)
 
 
 def prepare(shared: Path) -> None:
@@ -70,25 +70,72 @@ def prepare(shared: Path) -> None:
     print(f"wrote {DATA}: {sum(p.stat().st_size for p in DATA.rglob('*') if p.is_file()) / 2**20:.1f} MiB")
 
 
-def arm_scale(arm: str) -> str:
-    return ARM_SCALE.get(arm, "gpu")
+def arm_scale(arm: str, base: str = "gpu") -> str:
+    return ARM_SCALE.get(base, {}).get(arm, base)
 
 
-def _job(kind: str, name: str, key) -> dict:
+def pack_jpeg(shared: Path, dest: Path, quality: int = 75) -> None:
+    """All of CIFAR-10 (45,000 + 10,000 images) as JPEG bytes in one npz (``<split>_jpeg``, ``<split>_offsets``,
+    ``<split>_y``): about 48 MiB, so the whole dataset fits the GPU machine's 64 MiB upload. The shared arrays are
+    themselves decoded JPEGs of quality 75, so re-encoding at 75 is nearly idempotent (measured on 2,000 images:
+    mean absolute difference 0.16/255, 923 bytes per image); :func:`unpack_jpeg` decodes on the device."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    arrays = {}
+    for split in ("train", "test"):
+        with np.load(shared / f"cifar10/{split}.npz") as d:
+            x, y = d["x"], d["y"]
+        blobs = []
+        for im in x:
+            buf = io.BytesIO()
+            Image.fromarray(im).save(buf, format="JPEG", quality=quality)
+            blobs.append(buf.getvalue())
+        arrays[f"{split}_jpeg"] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+        arrays[f"{split}_offsets"] = np.cumsum([0] + [len(b) for b in blobs]).astype(np.int64)
+        arrays[f"{split}_y"] = y
+    arrays["classes"] = np.array((shared / "cifar10/classes.txt").read_text().split("\n")[:10])
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(dest, **arrays)
+    print(f"wrote {dest}: {dest.stat().st_size / 2**20:.1f} MiB")
+
+
+def unpack_jpeg(src: Path, folder: Path) -> None:
+    """Decode a :func:`pack_jpeg` file into ``folder/{train,test}.npz`` (the npz layout every loader reads)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with np.load(src, allow_pickle=False) as d:
+        for split in ("train", "test"):
+            raw, off = d[f"{split}_jpeg"].tobytes(), d[f"{split}_offsets"]
+            x = np.stack([np.asarray(Image.open(io.BytesIO(raw[a:b])).convert("RGB"))
+                          for a, b in zip(off[:-1], off[1:])])
+            np.savez(folder / f"{split}.npz", x=x, y=d[f"{split}_y"])
+        (folder / "classes.txt").write_text("\n".join(str(c) for c in d["classes"]) + "\n")
+    print(f"decoded {src} into {folder}")
+
+
+def _job(kind: str, name: str, key, base: str = "gpu") -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
     if kind == "arm":
         import seed_arms
 
-        seed_arms.run_arm(name, arm_scale(name), key)
+        seed_arms.run_arm(name, arm_scale(name, base), key)
     else:
         from _seed_runs import _run_one
 
-        _run_one(name, "gpu", key)
+        _run_one(name, base, key)
     return {"kind": kind, "name": name, "key": key, "seconds": time.time() - t0, "end": time.time()}
 
 
-def jobs(arms: list[str], runs: bool, bases: list[str] | None = None) -> list[tuple[str, str, object]]:
+def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str = "gpu"
+         ) -> list[tuple[str, str, object, str]]:
     """Pending jobs, seed-major: for each seed, its arms (longest first) then its continual-config variants."""
     import re
 
@@ -96,25 +143,26 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None) -> list[tu
     from _seed_runs import SCALES, read_run, scale_config
     from audit.config import select_variant, variant_names
 
-    cfg = scale_config("continual", SCALES["gpu"])
+    cfg = scale_config("continual", SCALES[scale])
     variants = [v for v in (variant_names(cfg) if runs else []) if bases is None or v.rsplit("-s", 1)[0] in bases]
     out = []
-    for seed in seed_arms.SCALES["gpu"].seeds:
-        out += [("arm", a, seed) for a in ARM_ORDER if a in arms and seed in seed_arms.SCALES[arm_scale(a)].seeds
-                and not seed_arms.part_path(arm_scale(a), a, seed).exists()]
-        out += [("run", "continual", v) for v in variants if re.fullmatch(rf".+-s{seed}", v)
+    for seed in seed_arms.SCALES[scale].seeds:
+        out += [("arm", a, seed, scale) for a in ARM_ORDER if a in arms
+                and seed in seed_arms.SCALES[arm_scale(a, scale)].seeds
+                and not seed_arms.part_path(arm_scale(a, scale), a, seed).exists()]
+        out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)
                 and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
     return out
 
 
 def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bases: list[str] | None = None,
-        first: list[str] = ()) -> None:
+        first: list[str] = (), scale: str = "gpu") -> None:
     import multiprocessing as mp
 
     t0 = time.time()
     os.chdir(ROOT)
     os.environ["DP_AUDIT_SIGMA_CACHE"] = str(SIGMA_CACHE)
-    todo = jobs(arms, runs, bases)
+    todo = jobs(arms, runs, bases, scale)
     todo.sort(key=lambda j: (j[1] if j[0] == "arm" else str(j[2]).rsplit("-s", 1)[0]) not in first)  # stable
     print(f"{len(todo)} job(s) on {workers} worker(s); soft {soft:.0f} s, hard {hard:.0f} s", flush=True)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
@@ -216,10 +264,12 @@ def pack(dest: Path) -> None:
     """One tarball of everything a later table needs (no checkpoints)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w:gz") as tar:
-        arms = sorted(p for d in ("gpu", *ARM_SCALE.values()) for p in (ROOT / "results/seed_arms" / d).rglob("*.json"))
+        names = {b for b in ARM_SCALE} | {s for m in ARM_SCALE.values() for s in m.values()} | {"gpu_full"}
+        arms = sorted(p for d in names for p in (ROOT / "results/seed_arms" / d).rglob("*.json"))
         for p in arms:
             tar.add(p, arcname=str(p.relative_to(ROOT)))
-        for p in sorted((ROOT / "results/experiments-gpu").glob("*/*.json")):
+        for p in sorted(p for d in ("experiments-gpu", "experiments-gpu-full")
+                        for p in (ROOT / "results" / d).glob("*/*.json")):
             tar.add(p, arcname=str(p.relative_to(ROOT)))
         for p in [*sorted(SIGMA_CACHE.glob("*.json")), LOG]:
             if p.exists():
@@ -232,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="write .device_data/ from ../shared/data")
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared/data")
+    p.add_argument("--jpeg", action="store_true", help="instead: all of CIFAR-10 as JPEG "
+                   "(.device_data/cifar10.jpeg.npz, ~48 MiB); decode it on the device with `decode`")
+    dj = sub.add_parser("decode", help="on the device: .device_data/cifar10.jpeg.npz -> .device_data/cifar10_full/")
+    dj.add_argument("--src", type=Path, default=DATA / "cifar10.jpeg.npz")
+    dj.add_argument("--folder", type=Path, default=DATA / "cifar10_full")
     r = sub.add_parser("run", help="run the pending gpu-scale jobs until the deadlines")
     r.add_argument("--arms", nargs="*", default=list(ARM_ORDER), choices=ARM_ORDER)
     r.add_argument("--no-runs", action="store_true", help="skip the continual config's variants")
@@ -239,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only these variant bases of the continual config (e.g. sw0 sw1); default all")
     r.add_argument("--first", nargs="*", default=[], help="arms or variant bases whose pending jobs start first")
     r.add_argument("--workers", type=int, default=8)
+    r.add_argument("--scale", choices=("gpu", "gpu_full"), default="gpu",
+                   help="gpu: the 11,000-image slice; gpu_full: all of CIFAR-10 after `prepare --jpeg` and `decode`")
     r.add_argument("--soft", type=float, default=420.0, help="seconds after which no job starts")
     r.add_argument("--hard", type=float, default=540.0, help="seconds after which running jobs are stopped")
     k = sub.add_parser("pack", help="write the results to one tarball")
@@ -249,10 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--steps", type=int, default=60)
     f.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.cmd == "prepare":
+    if args.cmd == "prepare" and args.jpeg:
+        pack_jpeg(args.shared, DATA / "cifar10.jpeg.npz")
+    elif args.cmd == "prepare":
         prepare(args.shared)
+    elif args.cmd == "decode":
+        unpack_jpeg(args.src, args.folder)
     elif args.cmd == "run":
-        run(args.arms, not args.no_runs, args.workers, args.soft, args.hard, args.variants, args.first)
+        run(args.arms, not args.no_runs, args.workers, args.soft, args.hard, args.variants, args.first, args.scale)
     elif args.cmd == "unpack":
         unpack(args.tarball)
     elif args.cmd == "profile":

@@ -1,0 +1,38 @@
+"""benchmarks/seed_gpu.py's data for the GPU machine: the JPEG pack of CIFAR-10 decodes to the npz layout."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_jpeg_pack_round_trip(tmp_path):
+    from PIL import Image
+
+    import seed_gpu
+
+    rng = np.random.default_rng(0)
+    shared = tmp_path / "shared"
+    (shared / "cifar10").mkdir(parents=True)
+    yy, xx = np.mgrid[0:32, 0:32]
+    smooth = lambda k: np.stack([(xx * k + yy * c) % 256 for c in (1, 2, 3)], -1).astype(np.uint8)  # noqa: E731
+    for split, n in (("train", 12), ("test", 5)):
+        x = np.stack([smooth(k + 1) for k in range(n)])
+        np.savez(shared / "cifar10" / f"{split}.npz", x=x, y=rng.integers(0, 10, n))
+    (shared / "cifar10" / "classes.txt").write_text("\n".join(f"c{i}" for i in range(10)) + "\n")
+    seed_gpu.pack_jpeg(shared, tmp_path / "pack.npz")
+    seed_gpu.unpack_jpeg(tmp_path / "pack.npz", tmp_path / "out")
+    for split in ("train", "test"):
+        with np.load(shared / "cifar10" / f"{split}.npz") as a, np.load(tmp_path / "out" / f"{split}.npz") as b:
+            assert b["x"].shape == a["x"].shape and b["x"].dtype == np.uint8
+            assert np.array_equal(a["y"], b["y"])
+            for src, got in zip(a["x"], b["x"]):  # exactly what one JPEG (quality 75) round trip gives
+                buf = io.BytesIO()
+                Image.fromarray(src).save(buf, format="JPEG", quality=75)
+                assert np.array_equal(got, np.asarray(Image.open(buf).convert("RGB")))
+    assert (tmp_path / "out" / "classes.txt").read_text().split() == [f"c{i}" for i in range(10)]
