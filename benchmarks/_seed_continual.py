@@ -122,8 +122,8 @@ def _curve(runs: list, key: str) -> dict[int, tuple[float, float, int]]:
 
 def peak_and_fall(curve: dict[int, tuple[float, float, int]]) -> tuple[str, int | None]:
     """Whether a mean tr(H) curve over seeds rises to an interior peak and then falls by more than two standard
-    errors of the difference (SE = SD over seeds / √n): ("peak-and-fall", peak step), ("rising", None) when the
-    last point is the highest or the fall is within the noise, or ("too few points", None)."""
+    errors of the difference (SE = SD over seeds / √n): ("peak-and-fall", peak step), ("interior peak, fall within
+    the noise", peak step), ("rising", None) when the last point is the highest, or ("too few points", None)."""
     pts = {s: v for s, v in curve.items() if math.isfinite(v[0])}
     if len(pts) < 3:
         return "too few points", None
@@ -133,7 +133,7 @@ def peak_and_fall(curve: dict[int, tuple[float, float, int]]) -> tuple[str, int 
         return "rising", None
     (mp, sp, n_p), (ml, sl, n_l) = pts[peak], pts[last]
     se = math.sqrt((sp if math.isfinite(sp) else 0.0) ** 2 / n_p + (sl if math.isfinite(sl) else 0.0) ** 2 / n_l)
-    return ("peak-and-fall", peak) if mp - ml > 2 * se else ("rising", None)
+    return ("peak-and-fall", peak) if mp - ml > 2 * se else ("interior peak, fall within the noise", peak)
 
 
 def table_decelerator(scale: str = "cpu") -> str | None:

@@ -25,10 +25,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from audit.stats import chance_test, fmt_mean_sd, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
 from _seed_continual import peak_and_fall, sweep_points  # noqa: E402
-from _seed_runs import OUT, ROOT, groups  # noqa: E402
+from _seed_runs import OUT, ROOT, groups, hist  # noqa: E402
 
 ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
 RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
+GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} ... (on the GPU machine; see its docstring), then here "
+           "python benchmarks/seed_arms.py merge {arm} --scale {scale}")
+GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on the GPU machine), then here python "
+                "benchmarks/seed_papers.py tables --scale {scale}")
+
+
+def arms_cmd(arm: str, scale: str) -> str:
+    """The command that re-makes an arm's results at ``scale`` (GPU scales run through seed_gpu.py)."""
+    if scale.startswith("gpu"):
+        return GPU_CMD.format(base="gpu_full" if scale == "gpu_full" else "gpu", arm=arm, scale=scale)
+    return ARMS_CMD.format(arm=arm, scale=scale)
 
 
 def _pct(v: list[float]) -> str:
@@ -57,7 +68,8 @@ def continual_rows(scale: str) -> list[str]:
     if not g:
         return []
     acc = {k: [x["test_accuracy"] for _, _, x in runs] for k, runs in g.items()}
-    cmd = RUNS_CMD.format(scale=scale) + " && python benchmarks/seed_papers.py tables"
+    cmd = (GPU_RUNS_CMD.format(scale=scale) if scale.startswith("gpu") else RUNS_CMD.format(scale=scale)
+           + f" && python benchmarks/seed_papers.py tables --scale {scale}")
     rows = []
     tests = [(k, welch(acc[k], acc["scratch"])) for k in ("continual", "continual-dec") if k in acc]
     adj = holm([r.p for _, r in tests if r is not None])
@@ -67,6 +79,19 @@ def continual_rows(scale: str) -> list[str]:
                                 f"DP continual pre-training > DP from scratch, equal ε and total steps "
                          f"[{what}]", f"{_pct(acc[k])} vs {_pct(acc['scratch'])}",
                          f"Welch p = {r.p:.3f}, Holm ×{len(adj)}: p = {p:.3f}", verdict(diff=r.diff, p=p), cmd))
+    curves = {k: [hist(x, "trace_h") for _, _, x in g[k]] for k in ("nondp", "scratch", "continual") if k in g}
+    curves = {k: c for k, c in curves.items() if all(c)}
+    if curves:
+        shapes = []
+        for k, cs in curves.items():
+            steps = sorted(set.intersection(*(set(c) for c in cs)))
+            shape, peak = peak_and_fall({s: mean_sd([c[s] for c in cs]) for s in steps})
+            shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps, "
+                          f"{len(cs)} seed(s), last {statistics.mean(c[max(steps)] for c in cs):.0f}")
+        rows.append(_row(scale, "Bu et al. 2024", "tr(H) rises early in training, then peaks and falls (the configs' "
+                         "runs; 256 held-out test images, 32 probes)", "; ".join(shapes),
+                         "peak − last > 2 SE (SD over seeds / √n)",
+                         "reproduced" if any("peak-and-fall" in x for x in shapes) else "inconclusive", cmd))
     sweep = sweep_points(g)
     if sweep:
         zero = next((k for s, k in sweep if s == 0), None)
@@ -102,7 +127,7 @@ def bu_arm_rows(scale: str) -> list[str]:
     rows = []
     c = _arm(scale, "continual")
     if c:
-        ps, cmd = c["per_seed"], ARMS_CMD.format(arm="continual", scale=scale)
+        ps, cmd = c["per_seed"], arms_cmd("continual", scale)
         t, v, _ = _test(ps["clip_only_acc"], ps["scratch_acc"], family=2)
         gap = welch(ps["nondp_acc"], ps["clip_only_acc"])
         gap_s = (f"; non-DP − clip-only {100 * gap.diff:+.1f} points, 95 % CI [{100 * gap.ci_low:.1f}, "
@@ -129,7 +154,7 @@ def bu_arm_rows(scale: str) -> list[str]:
                          + f"; continual's bootstrap CIs span {ci}", f"non-DP AUC > continual AUC: {t}", v, cmd))
     tr = _arm(scale, "trace")
     if tr:
-        ps, cmd = tr["per_seed"], ARMS_CMD.format(arm="trace", scale=scale)
+        ps, cmd = tr["per_seed"], arms_cmd("trace", scale)
         shapes = []
         for k in ("pretrain_nondp", "pretrain_dp"):
             steps = sorted({r["step"] for rows_ in ps[f"{k}_trace"] for r in rows_})
@@ -194,7 +219,7 @@ def ke_rows(scale: str) -> list[str]:
     rows = []
     k = _arm(scale, "ke")
     if k:
-        ps, cmd = k["per_seed"], ARMS_CMD.format(arm="ke", scale=scale)
+        ps, cmd = k["per_seed"], arms_cmd("ke", scale)
         t, v, _ = _test(ps["lp_aligned_acc"], ps["random_acc"], family=2)
         rows.append(_row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
                          f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
@@ -220,7 +245,7 @@ def ganesh_rows(scale: str) -> list[str]:
     g = _arm(scale, "ganesh")
     if not g:
         return []
-    ps, cmd = g["per_seed"], ARMS_CMD.format(arm="ganesh", scale=scale)
+    ps, cmd = g["per_seed"], arms_cmd("ganesh", scale)
     top = max(g["budgets"])
     t, v, _ = _test(ps[f"public{top}_acc"], ps["public0_acc"])
     rows = [_row(scale, "Ganesh et al. 2023", "public pre-training is necessary: DP accuracy grows with public steps",
@@ -273,7 +298,7 @@ def vit_rows(scale: str) -> list[str]:
     a = _arm(scale, "vit")
     if not a:
         return []
-    ps, cmd = a["per_seed"], ARMS_CMD.format(arm="vit", scale=scale)
+    ps, cmd = a["per_seed"], arms_cmd("vit", scale)
     paper, rows = "representation law (DP fine-tuned ViTs)", []
     what = (f"{a['blocks']}-block ViT (width {a['vit_kwargs'].get('embed_dim')}), {a['steps']} fine-tuning steps, "
             f"{len(a['seeds'])} seeds, {a['probe_images']} held-out images; pre-trained model "
