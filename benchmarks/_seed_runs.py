@@ -46,6 +46,12 @@ class Scale:
     description: str = ""
 
 
+def _sweep(*points: int) -> dict[str, dict[str, dict[str, Any]]]:
+    """The continual config's switch-point sweep variants ``sw0, sw1, ...`` at ``points`` public steps (the issue's
+    0/50/100/200/400 of 1,000 steps, scaled to a scale's length)."""
+    return {"continual": {f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate(points)}}
+
+
 SCALES = {
     "cpu": Scale(name="cpu", description="the configs as committed, but tr(H) at steps 0/50/100 with 8 probes",
                  overrides={"continual": {"training.hessian.every": 50, "training.hessian.probes": 8}}),
@@ -60,8 +66,7 @@ SCALES = {
             "finetune_source": {"model.arch": "resnet20_cifar", "training.steps": 3000},
             "finetune": {"training.steps": 400},
         },
-        variant_overrides={"continual": {  # the issue's switch-point sweep {0, 50, 100, 200, 400} of 1,000 steps
-            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
+        variant_overrides=_sweep(0, 50, 100, 200, 400)),
     "cpu_hour": Scale(
         name="cpu_hour", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-cpu-hour",
         description="the largest CPU scale of about an hour (2 cores): 300 steps of batch 128, 5 seeds, the small "
@@ -69,8 +74,7 @@ SCALES = {
         overrides={"continual": {"training.steps": 300, "training.hessian.every": 50,
                                  "training.continual.public.pool_size": 1000, "training.continual.switch_steps": 60,
                                  "training.continual.max_public_steps": 120, "training.continual.eval_every": 15}},
-        variant_overrides={"continual": {  # 0/50/100/200/400 of 1,000 steps, scaled to 300
-            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 15, 30, 60, 120))}}),
+        variant_overrides=_sweep(0, 15, 30, 60, 120)),
     "gpu_full": Scale(
         name="gpu_full", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu-full",
         description="issue 16's scale on all of CIFAR-10 carried as JPEG (seed_gpu.py prepare --jpeg / decode): "
@@ -81,8 +85,7 @@ SCALES = {
                                  ".device_data/cifar10_full", "training.continual.public.pool_size": 5000,
                                  "training.continual.switch_steps": 200, "training.continual.max_public_steps": 400,
                                  "training.continual.eval_every": 50}},
-        variant_overrides={"continual": {
-            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
+        variant_overrides=_sweep(0, 50, 100, 200, 400)),
     "gpu": Scale(
         name="gpu", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu",
         description="issue 16 on one H100: 1,000 steps of batch 256, 5 seeds, ResNet-20, 8,000 private CIFAR-10 "
@@ -94,8 +97,7 @@ SCALES = {
                                  ".device_data/cifar10_public", "training.continual.public.pool_size": 2000,
                                  "training.continual.switch_steps": 200, "training.continual.max_public_steps": 400,
                                  "training.continual.eval_every": 50}},
-        variant_overrides={"continual": {
-            f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate((0, 50, 100, 200, 400))}}),
+        variant_overrides=_sweep(0, 50, 100, 200, 400)),
 }
 
 
