@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("arms", nargs="+", choices=sorted(ARMS))
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="run these seeds one at a time, each kept as a part (join them with `merge`)")
     m = sub.add_parser("merge", help="join the per-seed parts of arms (written by seed_gpu.py) into <arm>.json")
     m.add_argument("arms", nargs="+", choices=sorted(ARMS))
     m.add_argument("--scale", choices=sorted(SCALES), default="gpu")
@@ -131,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         for a in args.arms:
             got = merge(a, args.scale)
             print(f"{a}: " + (f"seeds {got['seeds']}" if got else "no parts"), flush=True)
+        return 0
+    if args.seeds is not None:
+        for a in args.arms:
+            for seed in args.seeds:
+                print(f"{a} seed {seed}: {run_arm(a, args.scale, seed)[1]:.0f} s", flush=True)
+            merge(a, args.scale)
         return 0
     if args.workers <= 1:
         for a in args.arms:
