@@ -7,17 +7,22 @@ and keeps nothing. So:
   arms' 8,000 private + 2,000 public + 1,000 validation images; the continual configs' 8,000-image private pool is
   drawn from them), 2,000 CIFAR-10 test images, 2,000 *other* CIFAR-10 training images as the continual configs'
   public set (disjoint by construction, so no public image is dropped as a duplicate of a private one) and 3,600
-  Food-101 images (the Ke et al. arm's downstream task), each draw seeded.
-* ``run`` trains the ``gpu`` scale of :mod:`seed_arms` (one job per arm and seed) and of :mod:`seed_papers`' continual
-  config (one job per variant) over ``--workers`` processes sharing the GPU, in seed-major order (every claim gets
-  its seeds at the same pace), skipping jobs whose results exist (carry them back in and the queue resumes), and
-  starts nothing after ``--soft`` seconds and stops everything at ``--hard`` seconds. σ calibrations are shared
-  between the processes through the on-disk cache of :mod:`training.accounting.sigma_cache`.
-* ``pack DEST`` writes the results (arm parts, run manifests and metrics, the σ cache, the job log) to one tarball.
+  Food-101 images (the Ke et al. arm's downstream task), each draw seeded: the ``gpu`` scale.
+  ``prepare --jpeg`` instead packs all of CIFAR-10 (55,000 images) as JPEG in 48 MiB; ``decode`` on the device
+  turns it into ``.device_data/cifar10_full`` for the ``gpu_full`` scale (issue 16's full sizes).
+* ``run [--scale gpu|gpu_full]`` trains that scale of :mod:`seed_arms` (one job per arm and seed; the ViT arm at
+  ``gpu_vit`` under ``--scale gpu``) and of :mod:`seed_papers`' continual config (one job per variant) over
+  ``--workers`` processes sharing the GPU, in seed-major order (``--first`` moves arms or variants ahead), skipping
+  jobs whose results exist (carry them back in and the queue resumes), starting nothing after ``--soft`` seconds
+  and stopping everything at ``--hard`` seconds. σ calibrations are shared between the processes through the
+  on-disk cache of :mod:`training.accounting.sigma_cache`. One process alone leaves an H100 mostly idle (the DP
+  step is host-bound); 8-12 processes keep it busy (``results/reference/seed_gpu/``).
+* ``profile`` times one process alone (non-DP, DP hooks, DP bk) and lists the top device kernels of 12 DP steps.
+* ``pack DEST`` writes the results (arm parts, run manifests and metrics, the σ cache, the job log) to one tarball;
+  ``unpack`` puts a pack's JSON back under ``results/``.
 
-Here, afterwards: ``python benchmarks/seed_arms.py merge continual trace ke ganesh --scale gpu``, ``python
-benchmarks/seed_papers.py tables --scale gpu`` and ``python benchmarks/seed_findings.py --scale gpu``.
-"""
+Here, afterwards: ``python benchmarks/seed_arms.py merge ARM... --scale SCALE``, ``python benchmarks/seed_papers.py
+tables --scale gpu`` and ``python benchmarks/seed_findings.py``."""
 
 from __future__ import annotations
 
@@ -203,7 +208,7 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
 
 def profile(steps: int, out: Path | None) -> None:
     """One process alone on the device: seconds per step of the arms' loop (ResNet-20, batch 256, the gpu scale's
-    data) non-DP, DP with Opacus hooks and DP with ``bk``, then the top device kernels of 10 DP (hooks) steps."""
+    data) non-DP, DP with Opacus hooks and DP with ``bk``, then the top device kernels of 12 DP (hooks) steps."""
     import dataclasses
     import statistics
 
