@@ -198,8 +198,15 @@ def table_decelerator(scale: str = "cpu") -> str | None:
         f"second table is the median standard error of one estimate over its probes (overall median: {rel:.0f} % "
         "of the estimate). The decelerator rule's own checks (last table) use public images only (the public "
         "validation split when configured), since a switch decided on test images would leak them.", "",
-        "## tr(H) at global step (mean ± SD over seeds)", "", *tr_rows, "",
-        "## Standard error of one tr(H) estimate (median over seeds)", "", *se_rows, "",
-        "## Decelerator at global step (DP runs)", "", *dec_rows, "",
-        "## The decelerator rule's own checks during the public phase (continual-dec runs)", "", *ev_rows, "",
+        *_section("tr(H) at global step (mean ± SD over seeds)", tr_rows),
+        *_section("Standard error of one tr(H) estimate (median over seeds)", se_rows),
+        *_section("Decelerator at global step (DP runs)", dec_rows),
+        *_section("The decelerator rule's own checks during the public phase (continual-dec runs)", ev_rows),
         "## Findings", "", *findings, ""])
+
+
+def _section(title: str, table: list[str]) -> list[str]:
+    """A titled table, or one line saying there was nothing to show (a table of its header and separator only)."""
+    if len(table) <= 2:
+        return [f"## {title}", "", "No runs of this kind at this scale.", ""]
+    return [f"## {title}", "", *table, ""]

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from audit.stats import chance_test, fmt_mean_sd, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
 from _seed_continual import peak_and_fall, sweep_points  # noqa: E402
 from _seed_runs import OUT, ROOT, groups, hist  # noqa: E402
+from _seed_text import IN_WORDS, LEFT_OUT, SCALE_NOTE  # noqa: E402
 
 ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
 RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
@@ -161,8 +162,10 @@ def bu_arm_rows(scale: str) -> list[str]:
                          "non-DP, > DP)", f"non-DP {_pct(ps['nondp_acc'])}, clip-only {_pct(ps['clip_only_acc'])}, "
                          f"DP {_pct(ps['scratch_acc'])}{gap_s}", f"clip-only > DP: {t}", v, cmd))
         t, v, _ = _test(ps["plateau_acc"], ps["scratch_acc"], family=2)
-        if all(r == "max_public_steps" for r in ps["plateau_reason"]):
-            t += "; the rule never fired (the public val loss kept improving): in effect a fixed switch at its cap"
+        if all(r == "max_public_steps" for r in ps["plateau_reason"]):  # the rule was never exercised
+            t += ("; the rule never fired (the public val loss kept improving): in effect a fixed switch at its cap, "
+                  "so this says more public steps helped, not that the rule chose well")
+            v = "inconclusive"
         rows.append(_row(scale, "Bu et al. 2024", "the plateau switch rule (public val loss) gives a useful switch",
                          f"switch at {', '.join(map(str, ps['plateau_switch']))} public steps "
                          f"({', '.join(ps['plateau_reason'])}); "
@@ -390,41 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     return 0
 
-
-SCALE_NOTE = [
-    "**Scale.** Everything here ran on a shared 2-core CPU. The issue's scale (≥ 1,000 steps, ≥ 5 seeds, a non-DP "
-    "CIFAR-10 model above 60 %) is **not reached**: the continual runs take 100 steps of a 24k-parameter CNN on "
-    "4,000 "
-    "images (3 seeds; non-DP ≈ 29 % test accuracy), the arms 60-80 steps on 1,000 images (2 seeds; non-DP ≈ 23 %; σ "
-    "calibrated by RDP, a valid upper bound, because one PLD calibration takes about a minute here; tr(H) with 256 "
-    "images and 8 probes, its standard error in the JSON). So most verdicts "
-    "are 'inconclusive at this scale': a verdict says 'reproduced' or 'not reproduced' only when Welch's test, "
-    "corrected where several comparisons or a best-of choice were made, rejects at 0.05. `--scale full` of both "
-    "scripts is the issue's scale (ResNet-20, 5 seeds, 1,000+ steps; meant for a GPU).",
-]
-IN_WORDS = [
-    "## Where we disagree or cannot tell (this run)", "",
-    "* Only the switch-point sweep (40 public steps of 100 beat none) passes its corrected test in the paper's "
-    "direction; one claim is significantly reversed (below); everything else is within the seed-to-seed noise.",
-    "* Against the papers' direction, though not significantly: tr(H) measured on held-out images is *larger* in DP "
-    "fine-tuning from a public model than in DP pre-training from scratch here (possibly because 150 non-DP steps "
-    "leave the public model in a sharper region than a random init), and with the head's learning rate set by "
-    "parameter group (×5), an LP-aligned head "
-    "does *worse* than a random one at equal backbone steps, with no sign of feature distortion in kNN quality.",
-    "* Ke et al.'s 'DP-LP-FFT beats DP-LP' is reversed in `finetune_strategies.md` (DP-LP is better by 6-9 points; "
-    "significant after Holm's correction at ε = 1 in this run, p = 0.058 at ε = 8); the paper finds LP-FFT best only "
-    "for suitable budgets, and 40 steps of a 24k-parameter CNN is far from its setting. 'LP-FFT beats FFT' is within "
-    "the noise (+0-2 points, DP-FFT 15-18 %, near chance at ε = 1): the previous table's 'reproduced (p = 0.021)' "
-    "came from a best-of-3 choice on the test set and does not survive a rerun either.",
-    "* The decelerator rule never fired: σ²·tr(H)/(B·c²) grew during the public phase, so that arm is a fixed switch "
-    "at its cap; the plateau rule did not fire either. Neither rule's choice of switch point is tested here.",
-    "",
-]
-LEFT_OUT = [
-    "Not measured here: the representation law on a 12-block ViT across ε ∈ {1, 3, 8, ∞}, tuned vs untuned (issue 16, "
-    "item 5: needs a GPU). The geometric law on the 3-block CNN (`transfer.md`) is **inconclusive**: each fit has 3 "
-    "points and 1 residual degree of freedom, and every monotone 3-point sequence has R² ≥ 0.75.",
-]
 
 if __name__ == "__main__":
     raise SystemExit(main())
