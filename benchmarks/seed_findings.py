@@ -387,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join([
         "# The seed papers' findings, claim by claim", "",
         "Re-make: each row's command (the `--scale` it names), then `python benchmarks/seed_findings.py`; the GPU "
-        "rows' runs are kept in `results/reference/seed_gpu/runs.tgz` (`python benchmarks/seed_gpu.py unpack "
-        "results/reference/seed_gpu/runs.tgz` puts them back) and the arms' results in "
+        "rows' runs are kept in `results/reference/seed_gpu/runs.tgz`, the `cpu_hour` configs' runs in "
+        "`cpu_hour_runs.tgz` beside it (`python benchmarks/seed_gpu.py unpack FILE` puts them back), the arms' in "
         "`results/reference/seed_arms/<scale>/`.", "",
         *SCALE_NOTE, "",
         "| paper | claim | scale | our measurement (mean ± SD over seeds) | test (correction) | verdict | command |",
