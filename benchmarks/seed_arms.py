@@ -73,30 +73,53 @@ SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=
 OUT = ROOT / "results/seed_arms"
 
 
-def part_path(scale_name: str, name: str, seed: int) -> Path:
-    """Where one seed of an arm is kept when seeds run as separate jobs (``run --seeds``)."""
-    return OUT / scale_name / "parts" / f"{name}.s{seed}.json"
+def part_path(scale_name: str, name: str, seed: int, epsilon: float | None = None) -> Path:
+    """Where one seed of an arm is kept when seeds run as separate jobs (``run --seeds``); the ViT arm can split
+    further, one part per (seed, ε)."""
+    tag = "" if epsilon is None else "." + __import__("audit.seed_arms.vit", fromlist=["eps_tag"]).eps_tag(epsilon)
+    return OUT / scale_name / "parts" / f"{name}.s{seed}{tag}.json"
+
+
+def _join_seed(parts: list[dict]) -> dict:
+    """The (seed, ε) parts of one seed as one part: ``per_seed`` keys united, ``epsilons``/``sigmas`` united."""
+    out = {**parts[0], "per_seed": {}, "epsilons": [], "sigmas": {},
+           "wall_seconds": sum(p["wall_seconds"] for p in parts)}
+    for p in parts:
+        for k, v in p["per_seed"].items():
+            out["per_seed"].setdefault(k, v)
+        out["epsilons"] += [e for e in p.get("epsilons", []) if e not in out["epsilons"]]
+        out["sigmas"].update(p.get("sigmas", {}))
+    if not out["epsilons"]:
+        del out["epsilons"], out["sigmas"]
+    return out
 
 
 def merge(name: str, scale_name: str) -> dict | None:
     """One arm's per-seed parts as the arm's JSON (seeds in order, ``per_seed`` lists joined, wall time summed);
-    None when no part exists."""
+    (seed, ε) parts of a seed are joined first, and only what every seed has is kept. None when no part exists."""
     from training.io import write_json
 
-    parts = sorted((json.loads(p.read_text()) for p in (OUT / scale_name / "parts").glob(f"{name}.s*.json")),
-                   key=lambda r: r["seeds"][0])
-    if not parts:
+    by_seed: dict[int, list[dict]] = {}
+    for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json")):
+        part = json.loads(p.read_text())
+        by_seed.setdefault(part["seeds"][0], []).append(part)
+    if not by_seed:
         return None
+    parts = [_join_seed(by_seed[s]) for s in sorted(by_seed)]
+    keys = [k for k in parts[0]["per_seed"] if all(k in p["per_seed"] for p in parts)]
     out = {**parts[0], "seeds": [s for p in parts for s in p["seeds"]],
-           "wall_seconds": sum(p["wall_seconds"] for p in parts), "per_seed": {}}
-    for k in parts[0]["per_seed"]:
-        out["per_seed"][k] = [v for p in parts for v in p["per_seed"][k]]
+           "wall_seconds": sum(p["wall_seconds"] for p in parts),
+           "per_seed": {k: [v for p in parts for v in p["per_seed"][k]] for k in keys}}
+    if "epsilons" in out:  # the ε every seed has
+        out["epsilons"] = [e for e in out["epsilons"] if f"{e}_tuned_acc" in out["per_seed"]]
+        out["sigmas"] = {e: out["sigmas"][e] for e in out["epsilons"]}
     out["scale_settings"] = {**parts[0]["scale_settings"], "seeds": out["seeds"]}
     write_json(OUT / scale_name / f"{name}.json", out)
     return out
 
 
-def run_arm(name: str, scale_name: str, seed: int | None = None) -> tuple[str, float]:
+def run_arm(name: str, scale_name: str, seed: int | None = None, epsilon: float | None = None
+            ) -> tuple[str, float]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -106,13 +129,16 @@ def run_arm(name: str, scale_name: str, seed: int | None = None) -> tuple[str, f
     torch.set_num_threads(1)
     os.chdir(ROOT)
     scale = SCALES[scale_name] if seed is None else SCALES[scale_name].with_(seeds=(seed,))
+    if epsilon is not None:  # one (seed, ε) part of the ViT arm
+        scale = scale.with_(vit_epsilons=(epsilon,))
     device = resolve_device("auto")
     t0 = time.perf_counter()
     res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True))
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "
                 f"CPU cores, torch {torch.__version__}", "scale_settings": {k: v for k, v in vars(scale).items()}})
-    write_json(OUT / scale_name / f"{name}.json" if seed is None else part_path(scale_name, name, seed), res)
+    write_json(OUT / scale_name / f"{name}.json" if seed is None else part_path(scale_name, name, seed, epsilon),
+               res)
     return name, secs
 
 

@@ -125,22 +125,23 @@ def unpack_jpeg(src: Path, folder: Path) -> None:
     print(f"decoded {src} into {folder}")
 
 
-def _job(kind: str, name: str, key, base: str = "gpu") -> dict:
+def _job(kind: str, name: str, key, base: str = "gpu", epsilon: float | None = None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
     if kind == "arm":
         import seed_arms
 
-        seed_arms.run_arm(name, arm_scale(name, base), key)
+        seed_arms.run_arm(name, arm_scale(name, base), key, epsilon)
     else:
         from _seed_runs import _run_one
 
         _run_one(name, base, key)
-    return {"kind": kind, "name": name, "key": key, "seconds": time.time() - t0, "end": time.time()}
+    return {"kind": kind, "name": name, "key": key, "epsilon": epsilon, "seconds": time.time() - t0,
+            "end": time.time()}
 
 
 def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str = "gpu"
-         ) -> list[tuple[str, str, object, str]]:
+         ) -> list[tuple]:
     """Pending jobs, seed-major: for each seed, its arms (longest first) then its continual-config variants."""
     import re
 
@@ -152,9 +153,11 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
     variants = [v for v in (variant_names(cfg) if runs else []) if bases is None or v.rsplit("-s", 1)[0] in bases]
     out = []
     for seed in seed_arms.SCALES[scale].seeds:
-        out += [("arm", a, seed, scale) for a in ARM_ORDER if a in arms
-                and seed in seed_arms.SCALES[arm_scale(a, scale)].seeds
-                and not seed_arms.part_path(arm_scale(a, scale), a, seed).exists()]
+        for a in (a for a in ARM_ORDER if a in arms and seed in seed_arms.SCALES[arm_scale(a, scale)].seeds):
+            # the ViT arm: one job per (seed, ε), each short enough to finish inside one command
+            split = seed_arms.SCALES[arm_scale(a, scale)].vit_epsilons if a == "vit" else (None,)
+            out += [("arm", a, seed, scale, e) for e in split
+                    if not seed_arms.part_path(arm_scale(a, scale), a, seed, e).exists()]
         out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)
                 and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
     return out
@@ -189,7 +192,8 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
                     rec = fut.result()
                     rec["status"] = "done"
                 except Exception as exc:  # a job's failure is logged, the others go on
-                    rec = {"kind": j[0], "name": j[1], "key": j[2], "status": f"failed: {exc!r}"[:400],
+                    rec = {"kind": j[0], "name": j[1], "key": j[2], "epsilon": j[4] if len(j) > 4 else None,
+                           "status": f"failed: {exc!r}"[:400],
                            "seconds": time.time() - started}
                 log.write(json.dumps(rec) + "\n")
                 log.flush()

@@ -125,3 +125,27 @@ def test_eps_tags_are_key_safe():
     assert [eps_tag(e) for e in (1.0, 3.0, 8.0, math.inf, 0.25)] == ["eps1", "eps3", "eps8", "epsinf", "eps0p25"]
     with pytest.raises(ValueError):
         vit_arm(TINY.with_(vit_epsilons=(0.0,)), data=load_arm_data(TINY))
+
+
+def test_seed_and_epsilon_parts_merge_to_the_whole_run(tmp_path, monkeypatch):
+    """benchmarks/seed_arms.py: one (seed, ε) part per GPU job, merged, equals the arm run over every seed and ε."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import seed_arms
+
+    two = TINY.with_(name="tiny_parts", seeds=(0, 1), vit_epsilons=(8.0, math.inf))
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
+    monkeypatch.setitem(seed_arms.SCALES, "tiny_parts", two)
+    whole = vit_arm(two)
+    for seed in (1, 0):
+        for e in (math.inf, 8.0):
+            seed_arms.run_arm("vit", "tiny_parts", seed, e)
+    merged = seed_arms.merge("vit", "tiny_parts")
+    assert merged["seeds"] == [0, 1] and merged["epsilons"] == ["eps8", "epsinf"]
+    assert merged["sigmas"] == whole["sigmas"] and set(merged["per_seed"]) == set(whole["per_seed"])
+    for k in ("pretrain_acc", "eps8_tuned_acc", "eps8_untuned_r2_D", "epsinf_tuned_lr", "eps8_tuned_D"):
+        assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(whole["per_seed"][k], float)), k
+    (tmp_path / "tiny_parts" / "parts" / "vit.s1.epsinf.json").unlink()  # a seed missing an ε: only shared ε kept
+    assert seed_arms.merge("vit", "tiny_parts")["epsilons"] == ["eps8"]
