@@ -52,6 +52,11 @@ def _sweep(*points: int) -> dict[str, dict[str, dict[str, Any]]]:
     return {"continual": {f"sw{i}": {"training.continual.switch_steps": k} for i, k in enumerate(points)}}
 
 
+#: the continual config's training at the two GPU scales (they differ in data only)
+_GPU_CONTINUAL = {"model.arch": "resnet20_cifar", "training.steps": 1000, "training.batch_size": 256,
+                  "training.hessian.every": 50, "training.continual.switch_steps": 200,
+                  "training.continual.max_public_steps": 400, "training.continual.eval_every": 50}
+
 SCALES = {
     "cpu": Scale(name="cpu", description="the configs as committed, but tr(H) at steps 0/50/100 with 8 probes",
                  overrides={"continual": {"training.hessian.every": 50, "training.hessian.probes": 8}}),
@@ -79,24 +84,18 @@ SCALES = {
         name="gpu_full", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu-full",
         description="issue 16's scale on all of CIFAR-10 carried as JPEG (seed_gpu.py prepare --jpeg / decode): "
                     "20,000 private images, 1,000 steps of batch 256, ResNet-20, 5 seeds",
-        overrides={"continual": {"data.root": ".device_data/cifar10_full", "data.pool_size": 20000,
-                                 "model.arch": "resnet20_cifar", "training.steps": 1000, "training.batch_size": 256,
-                                 "training.hessian.every": 50, "training.continual.public.root":
-                                 ".device_data/cifar10_full", "training.continual.public.pool_size": 5000,
-                                 "training.continual.switch_steps": 200, "training.continual.max_public_steps": 400,
-                                 "training.continual.eval_every": 50}},
+        overrides={"continual": {**_GPU_CONTINUAL, "data.root": ".device_data/cifar10_full", "data.pool_size": 20000,
+                                 "training.continual.public.root": ".device_data/cifar10_full",
+                                 "training.continual.public.pool_size": 5000}},
         variant_overrides=_sweep(0, 50, 100, 200, 400)),
     "gpu": Scale(
         name="gpu", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu",
         description="issue 16 on one H100: 1,000 steps of batch 256, 5 seeds, ResNet-20, 8,000 private CIFAR-10 "
                     "images, 2,000 disjoint public ones (benchmarks/seed_gpu.py; .device_data/ is what fits the "
                     "GPU machine's 64 MiB upload)",
-        overrides={"continual": {"data.root": ".device_data/cifar10", "data.pool_size": 8000, "data.test_size": 2000,
-                                 "model.arch": "resnet20_cifar", "training.steps": 1000, "training.batch_size": 256,
-                                 "training.hessian.every": 50, "training.continual.public.root":
-                                 ".device_data/cifar10_public", "training.continual.public.pool_size": 2000,
-                                 "training.continual.switch_steps": 200, "training.continual.max_public_steps": 400,
-                                 "training.continual.eval_every": 50}},
+        overrides={"continual": {**_GPU_CONTINUAL, "data.root": ".device_data/cifar10", "data.pool_size": 8000,
+                                 "data.test_size": 2000, "training.continual.public.root":
+                                 ".device_data/cifar10_public", "training.continual.public.pool_size": 2000}},
         variant_overrides=_sweep(0, 50, 100, 200, 400)),
 }
 
