@@ -5,9 +5,10 @@ An arm trains small models in memory with the project's own loop (:func:`trainin
 σ = 0, a head rate by parameter group, interpolated weights) while the DP steps stay exactly the project's.
 
 Data (:func:`load_arm_data`): one seeded draw of ``private + public + val`` training images, shuffled by a fixed
-permutation (some array files are sorted by class) and split into three disjoint sets (private: what DP protects; public: the non-DP pre-training data; val: held out for every
-selection, e.g. of a budget split), and the test split, whose first fixed draw of ``hessian_batch`` images
-(:data:`training.recipes.common.HELD_OUT_SEED`) is the tr(H) batch of every arm.
+permutation (some array files are sorted by class) and split into three disjoint sets (private: what DP protects;
+public: the non-DP pre-training data; val: held out for every selection, e.g. of a budget split), and the test
+split, whose first fixed draw of ``hessian_batch`` images (:data:`training.recipes.common.HELD_OUT_SEED`) is the
+tr(H) batch of every arm.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.config import DataConfig, ModelConfig, OptimConfig, PrivacyConfig
+from training.config import AugmentConfig, DataConfig, ModelConfig, OptimConfig, PrivacyConfig, TrainingConfig
 from training.data import ImageSet, load_pool, load_test
 from training.phases import PhaseSpec
 
@@ -44,8 +45,9 @@ class ArmScale:
     (:mod:`audit.seed_arms.vit`): its timm architecture and kwargs, its learning rate (None: ``lr``), its ε grid
     (``inf``: non-DP), the tuning search (``vit_trials`` trials of ``vit_trial_steps`` steps, learning rates
     log-uniform in ``lr`` times ``vit_lr_range``, on the ``vit_tune_fraction`` of the public images held out of
-    pre-training), ``vit_probe_images`` test images for the per-block features, and ``vit_public`` public images
-    (None: ``public``).
+    pre-training), ``vit_probe_images`` test images for the per-block features, ``vit_public`` public images
+    (None: ``public``) and ``vit_pretrain_augment`` (random crop with 4 pixels of reflected padding and horizontal
+    flips in the public pre-training only: a ViT trained from scratch on a few thousand images overfits without it).
     """
 
     name: str
@@ -92,6 +94,7 @@ class ArmScale:
     vit_tune_fraction: float = 0.4
     vit_probe_images: int = 1000
     vit_public: int | None = None
+    vit_pretrain_augment: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -180,9 +183,10 @@ def _sigma(epsilon: float, q: float, steps: int, delta: float, accountant: str) 
 
 def phase(name: str, images: ImageSet, *, scale: ArmScale, steps: int, sigma: float | None, seed: int, index: int,
           lr: float | None = None, trainable: Sequence[str] | None = None, lr_scales: dict[str, float] | None = None,
-          members: np.ndarray | None = None) -> PhaseSpec:
+          members: np.ndarray | None = None, augment: AugmentConfig | None = None) -> PhaseSpec:
     """One phase on ``images`` (rows ``members``): DP with noise multiplier ``sigma`` (0 allowed: clipping only) or,
-    with ``sigma`` None, non-DP with shuffled batches; sampler seed = ``phase_seed(seed, index)``."""
+    with ``sigma`` None, non-DP with shuffled batches; sampler seed = ``phase_seed(seed, index)``; ``augment``: the
+    phase's training-time augmentation (None: none)."""
     from training.recipes.common import phase_seed
 
     dp = sigma is not None
@@ -192,7 +196,9 @@ def phase(name: str, images: ImageSet, *, scale: ArmScale, steps: int, sigma: fl
     return PhaseSpec(name=name, dp=dp, dataset=scale.dataset, x=images.x, y=images.y, index=members,
                      batch_size=min(scale.batch_size, len(images) if members is None else len(members)),
                      steps=int(steps), sigma=float(sigma) if dp else None, privacy=privacy, optim=optim,
-                     sampler_seed=phase_seed(seed, index), trainable=tuple(trainable) if trainable else None)
+                     sampler_seed=phase_seed(seed, index), trainable=tuple(trainable) if trainable else None,
+                     training=(TrainingConfig(steps=max(1, int(steps)), augment=augment)
+                               if augment is not None and augment.active else None))
 
 
 def train(model: nn.Module, phases: Sequence[PhaseSpec], *, seed: int, device: torch.device | str = "cpu",
