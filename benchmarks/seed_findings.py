@@ -208,41 +208,47 @@ def bu_arm_rows(scale: str) -> list[str]:
     return rows
 
 
-def _finetune_summary() -> dict[tuple[str, int], tuple[float, float]]:
-    text = (OUT / "finetune_strategies.md").read_text() if (OUT / "finetune_strategies.md").is_file() else ""
+def _finetune_summary(scale: str = "cpu") -> dict[tuple[str, int], tuple[float, float, int]]:
+    """(mean, SD, seeds) of test accuracy per (strategy, ε) from the committed ``finetune_strategies[.scale].md``."""
+    path = OUT / ("finetune_strategies.md" if scale == "cpu" else f"finetune_strategies.{scale}.md")
+    text = path.read_text() if path.is_file() else ""
     out = {}
-    for m in re.finditer(r"^\| (DP-[^|]+?) \| (\d) \| 3 \| [^|]+ \| [^|]+ \| ([\d.]+) ± ([\d.]+) \|", text, re.M):
+    for m in re.finditer(r"^\| (DP-[^|]+?) \| (\d) \| (\d+) \| [^|]+ \| [^|]+ \| ([\d.]+) ± ([\d.]+) \|", text, re.M):
         label = m.group(1)
         key = {"DP-LP (head only)": "lp", "DP-FFT (all parameters)": "fft"}.get(label)
         key = key or "lpfft" + re.search(r"(\d\d) %", label).group(1)
-        out[(key, int(m.group(2)))] = (float(m.group(3)), float(m.group(4)))
+        out[(key, int(m.group(2)))] = (float(m.group(4)), float(m.group(5)), int(m.group(3)))
     return out
 
 
 def finetune_table_rows(scale: str) -> list[str]:
-    """Ke et al.'s budget-split claims from ``finetune_strategies.md`` (the committed CPU-scale table)."""
+    """Ke et al.'s budget-split claims from the committed ``finetune_strategies[.scale].md`` table of ``scale``."""
+    from _seed_runs import SCALES as RUN_SCALES, remake, scale_config
+
     rows: list[str] = []
-    if scale != "cpu":
+    s = _finetune_summary(scale)
+    if not s or scale not in RUN_SCALES:
         return rows
-    s = _finetune_summary()
-    cmd = "python benchmarks/seed_papers.py run finetune_source finetune && python benchmarks/seed_papers.py tables"
+    steps = scale_config("finetune", RUN_SCALES[scale]).training.steps
+    cmd = remake("finetune_source finetune", scale).removeprefix("Re-make: ").strip("`")
     for eps in (1, 8):
         if ("fft", eps) not in s:
             continue
         for other, claim in (("fft", "DP-LP-FFT > DP-FFT ('LP first mitigates distortion')"),
                              ("lp", "DP-LP-FFT > DP-LP")):
-            res = [(k, welch_from_summary(*s[(k, eps)], 3, *s[(other, eps)], 3)) for k in ("lpfft25", "lpfft50",
-                                                                                            "lpfft75")]
+            res = [(k, welch_from_summary(*s[(k, eps)], *s[(other, eps)])) for k in ("lpfft25", "lpfft50",
+                                                                                     "lpfft75")]
             adj = holm([r.p for _, r in res])
             i = max(range(3), key=lambda j: res[j][1].diff)
             vs = [verdict(diff=r.diff, p=p) for (_, r), p in zip(res, adj)]
             v = "reproduced" if "reproduced" in vs else "not reproduced" if vs.count("not reproduced") == 3 else \
                 "inconclusive"
+            seeds = s[(other, eps)][2]  # every seed is scored on the configs' 1,000 Food-101 test images
             near = (f" {'DP-FFT' if other == 'fft' else 'DP-LP'} is near chance (10 %)."
-                    if chance_test(s[(other, eps)][0] / 100, n=3000, chance=0.1).near else "")
-            rows.append(_row("cpu", "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies.md, 40 steps)",
+                    if chance_test(s[(other, eps)][0] / 100, n=1000 * seeds, chance=0.1).near else "")
+            rows.append(_row(scale, "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies table, {steps} steps)",
                              f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k, _ in res)} % vs "
-                             f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, 3 seeds.{near}",
+                             f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, {seeds} seeds.{near}",
                              f"Welch per split, Holm over 3 splits: best p = {adj[i]:.3f}", v, cmd))
     return rows
 

@@ -1,0 +1,92 @@
+"""benchmarks/seed_findings.py: the verdicts it writes follow from the numbers it reads (reference computations
+beside it), for the Ke et al. budget-split rows read back from a table and the ViT representation-law rows."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import seed_findings  # noqa: E402
+
+from audit.stats import holm, welch_from_summary  # noqa: E402
+
+_LABELS = {"lp": "DP-LP (head only)", "fft": "DP-FFT (all parameters)", "lpfft25": "DP-LP-FFT, LP gets 25 % of ε",
+           "lpfft50": "DP-LP-FFT, LP gets 50 % of ε", "lpfft75": "DP-LP-FFT, LP gets 75 % of ε"}
+
+
+def _table(acc: dict[tuple[str, int], tuple[float, float]], seeds: int) -> str:
+    """A finetune_strategies table in the layout benchmarks/_seed_finetune.py writes."""
+    rows = [f"| {_LABELS[k]} | {e} | {seeds} | 1.000 | {e:.3f} | {m:.1f} ± {sd:.1f} | +5 | 0.100 ± 0.001 |"
+            for (k, e), (m, sd) in acc.items()]
+    return "\n".join(["# t", "", "| strategy | ε | seeds | σ | claimed ε | test accuracy (%) | vs chance | drift |",
+                      "|---|---|---|---|---|---|---|---|", *rows, ""])
+
+
+@pytest.fixture
+def out(tmp_path, monkeypatch):
+    monkeypatch.setattr(seed_findings, "OUT", tmp_path)
+    monkeypatch.setattr(seed_findings, "ROOT", tmp_path)
+    return tmp_path
+
+
+def test_budget_split_rows_use_the_tables_seed_count_and_holm(out):
+    acc = {("lp", 8): (30.0, 1.0), ("fft", 8): (20.0, 1.5), ("lpfft25", 8): (26.0, 1.2), ("lpfft50", 8): (21.0, 2.0),
+           ("lpfft75", 8): (20.5, 1.0)}
+    (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=5))
+    assert seed_findings._finetune_summary("cpu_hour")[("fft", 8)] == (20.0, 1.5, 5)
+    rows = seed_findings.finetune_table_rows("cpu_hour")
+    assert len(rows) == 2 and all("| cpu_hour |" in r and "5 seeds" in r for r in rows)
+    # the reference: Welch from the summaries with n = 5 per group, Holm over the three splits
+    for row, other, want in ((rows[0], "fft", "reproduced"), (rows[1], "lp", "not reproduced")):
+        ps = holm([welch_from_summary(*acc[(k, 8)], 5, *acc[(other, 8)], 5).p for k in ("lpfft25", "lpfft50",
+                                                                                          "lpfft75")])
+        assert f"best p = {ps[0]:.3f}" in row and f"**{want}**" in row
+    # the same numbers from 2 seeds each are too few to reject anything
+    (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=2))
+    assert all("**inconclusive**" in r for r in seed_findings.finetune_table_rows("cpu_hour")[:1])
+    assert seed_findings.finetune_table_rows("gpu_vit") == []  # no such table (and not a config scale)
+
+
+def _vit_json(out: Path, scale: str, *, rho: dict[str, float], noise: float, seeds: int = 5) -> None:
+    """A ViT arm result whose per-block D is ρ^l times a seed factor, with multiplicative noise."""
+    rng = np.random.default_rng(0)
+    per: dict[str, list] = {"pretrain_acc": [0.5] * seeds}
+    for tag, r in rho.items():
+        for kind in ("tuned", "untuned"):
+            key = f"{tag}_{kind}"
+            d = [list(2.0 * r ** np.arange(12) * np.exp(noise * rng.standard_normal(12))) for _ in range(seeds)]
+            per[f"{key}_D"] = d
+            per[f"{key}_acc"] = [0.4 + 0.01 * (kind == "tuned")] * seeds
+            per[f"{key}_rho_D"], per[f"{key}_r2_D"] = [], []
+            for v in d:
+                slope, _ = np.polyfit(np.arange(12), np.log(v), 1)
+                pred = np.polyval(np.polyfit(np.arange(12), np.log(v), 1), np.arange(12))
+                r2 = 1 - np.sum((np.log(v) - pred) ** 2) / np.sum((np.log(v) - np.log(v).mean()) ** 2)
+                per[f"{key}_rho_D"].append(float(np.exp(slope)))
+                per[f"{key}_r2_D"].append(float(r2))
+            per[f"{key}_rho_res"], per[f"{key}_r2_res"] = per[f"{key}_rho_D"], per[f"{key}_r2_D"]
+    arm = {"arm": "vit", "scale": scale, "seeds": list(range(seeds)), "blocks": 12, "vit_kwargs": {"embed_dim": 64},
+           "steps": 300, "probe_images": 1000, "epsilons": list(rho), "per_seed": per}
+    (out / "results/seed_arms" / scale).mkdir(parents=True, exist_ok=True)
+    (out / "results/seed_arms" / scale / "vit.json").write_text(json.dumps(arm))
+
+
+def test_vit_law_rows_follow_the_fits(out):
+    rho = {"eps1": 0.95, "eps3": 0.9, "eps8": 0.85, "epsinf": 0.8}
+    _vit_json(out, "cpu_hour_vit", rho=rho, noise=0.01)
+    rows = seed_findings.vit_rows("cpu_hour_vit")
+    assert len(rows) == 5 and all("| cpu_hour_vit |" in r for r in rows)
+    assert "**reproduced**" in rows[0]          # near-exact geometric decay: R² ≈ 1 at every ε
+    assert "**reproduced**" in rows[3]          # ρ at ε = 1 (0.95) > ρ at ε = ∞ (0.8)
+    # no geometric structure at all: D is pure noise around a constant, R² far below the bar
+    _vit_json(out, "cpu_hour_vit", rho=dict.fromkeys(rho, 1.0), noise=0.5)
+    rows = seed_findings.vit_rows("cpu_hour_vit")
+    assert "**not reproduced**" in rows[0] and "**reproduced**" not in rows[3]
+    assert math.isfinite(seed_findings.R2_BAR)
