@@ -158,3 +158,23 @@ def test_per_seed_parts_merge_to_the_all_seeds_run(tmp_path, monkeypatch):
     for k, v in whole["per_seed"].items():
         assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
     assert (tmp_path / "tiny2" / "ganesh.json").is_file()
+
+
+def test_scale_augmentation_reaches_every_phase_and_changes_training():
+    """ArmScale.augment puts the crop-and-flip in every phase (DP ones too) unless a phase names its own, and it
+    changes what a seeded run learns while repeating exactly for the same seed."""
+    from audit.seed_arms.common import CROP_FLIP
+
+    data = load_arm_data(TINY)
+    aug = TINY.with_(augment=True)
+    for sigma in (None, 0.0, 1.0):
+        assert phase("p", data.private, scale=aug, steps=2, sigma=sigma, seed=0, index=0).training.augment == CROP_FLIP
+        assert phase("p", data.private, scale=TINY, steps=2, sigma=sigma, seed=0, index=0).training is None
+
+    def weights(scale):
+        model = train(build(scale, data, seed=0), [phase("p", data.private, scale=scale, steps=3, sigma=1.0, seed=0,
+                                                         index=0)], seed=0)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    a, b, plain = weights(aug), weights(aug), weights(TINY)
+    assert torch.equal(a, b) and not torch.allclose(a, plain)

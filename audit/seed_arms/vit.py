@@ -47,9 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmData, ArmScale, build, load_arm_data, per_seed, phase, sigma_for, test_acc,
-                                    train)
-from training.config import AugmentConfig
+from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, load_arm_data, per_seed, phase, sigma_for,
+                                    test_acc, train)
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
@@ -60,7 +59,7 @@ TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only
                        "tuning-validation parts, disjoint from the private images)")
 POOLING = "class token (token 0) of each block's output"
 #: the public pre-training's augmentation when ``ArmScale.vit_pretrain_augment`` is set
-PRETRAIN_AUGMENT = AugmentConfig(crop_padding=4, flip=True)
+PRETRAIN_AUGMENT = CROP_FLIP
 _SPLIT_KEY = 0x56495450   # "VITP": the public split's fixed permutation
 _PROBE_KEY = 0x50524F42   # "PROB": the probe images' fixed draw
 _SEARCH_KEY = 0x4C525345  # "LRSE": the candidate learning rates
@@ -242,7 +241,7 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
             "epsilons": [eps_tag(e) for e in epsilons], "sigmas": {eps_tag(e): s for e, s in sigmas.items()},
             "accountant": scale.accountant, "delta": scale.delta, "steps": t, "source_steps": scale.source_steps,
             "default_lr": base,
-            "pretrain_augment": PRETRAIN_AUGMENT.model_dump() if scale.vit_pretrain_augment else None,
+            "pretrain_augment": PRETRAIN_AUGMENT.model_dump() if scale.vit_pretrain_augment or scale.augment else None,
             "tuning_privacy_cost": TUNING_PRIVACY_COST,
             "tuning": {"trials": scale.vit_trials, "trial_steps": scale.vit_trial_steps,
                        "lr_range": [base * float(f) for f in scale.vit_lr_range], "score": "public tuning-validation "
