@@ -76,12 +76,12 @@ SCALES = {
         name="cpu_hour", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-cpu-hour",
         description="the largest CPU scale of about an hour (2 cores): 300 steps of batch 128, 5 seeds, the small "
                     "CNN, 4,000 private and 1,000 public CIFAR-10 images, tr(H) with 32 probes every 50 steps; the "
-                    "fine-tuning configs: a source trained 1,500 steps, then 300 DP steps per strategy on Food-101",
+                    "fine-tuning configs: a source trained 3,000 steps, then 1,000 DP steps per strategy on Food-101",
         overrides={"continual": {"training.steps": 300, "training.hessian.every": 50,
                                  "training.continual.public.pool_size": 1000, "training.continual.switch_steps": 60,
                                  "training.continual.max_public_steps": 120, "training.continual.eval_every": 15},
-                   "finetune_source": {"training.steps": 1500, "training.checkpoint_every": 500},
-                   "finetune": {"training.steps": 300, "training.checkpoint_every": 100}},
+                   "finetune_source": {"training.steps": 3000, "training.checkpoint_every": 500},
+                   "finetune": {"training.steps": 1000, "training.checkpoint_every": 250}},
         variant_overrides=_sweep(0, 15, 30, 60, 120)),
     "gpu_full": Scale(
         name="gpu_full", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu-full",
