@@ -33,6 +33,7 @@ def _table(acc: dict[tuple[str, int], tuple[float, float]], seeds: int) -> str:
 def out(tmp_path, monkeypatch):
     monkeypatch.setattr(seed_findings, "OUT", tmp_path)
     monkeypatch.setattr(seed_findings, "ROOT", tmp_path)
+    monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: {})  # no run directories: the table's numbers
     return tmp_path
 
 
@@ -47,11 +48,29 @@ def test_budget_split_rows_use_the_tables_seed_count_and_holm(out):
     for row, other, want in ((rows[0], "fft", "reproduced"), (rows[1], "lp", "not reproduced")):
         ps = holm([welch_from_summary(*acc[(k, 8)], 5, *acc[(other, 8)], 5).p for k in ("lpfft25", "lpfft50",
                                                                                           "lpfft75")])
-        assert f"best p = {ps[0]:.3f}" in row and f"**{want}**" in row
+        assert f"p = {ps[0]:.3f} for the largest difference" in row and f"**{want}**" in row
     # the same numbers from 2 seeds each are too few to reject anything
     (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=2))
     assert all("**inconclusive**" in r for r in seed_findings.finetune_table_rows("cpu_hour")[:1])
     assert seed_findings.finetune_table_rows("gpu_vit") == []  # no such table (and not a config scale)
+
+
+def test_budget_split_rows_test_the_per_seed_runs_when_they_are_here(out, monkeypatch):
+    """With the runs on the machine the rows test their per-seed accuracies (as the table itself does), not the
+    table's rounded summary; a run missing from a group falls back to the summary."""
+    rng = np.random.default_rng(3)
+    raw = {(k, 8): list(m + rng.normal(0, 1.5, 5)) for k, m in (("lp", 30), ("fft", 20), ("lpfft25", 23),
+                                                                 ("lpfft50", 21), ("lpfft75", 20.5))}
+    acc = {k: (float(np.mean(v)), float(np.std(v, ddof=1))) for k, v in raw.items()}
+    (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=5))
+    monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: raw)
+    from audit.stats import welch
+
+    ps = holm([welch(raw[(k, 8)], raw[("fft", 8)]).p for k in ("lpfft25", "lpfft50", "lpfft75")])
+    row = seed_findings.finetune_table_rows("cpu_hour")[0]
+    assert "on the per-seed runs" in row and f"p = {ps[0]:.3f} for the largest difference (25 % to LP)" in row
+    monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: {k: v[:4] for k, v in raw.items()})
+    assert "on the table's rounded mean ± SD" in seed_findings.finetune_table_rows("cpu_hour")[0]
 
 
 def _vit_json(out: Path, scale: str, *, rho: dict[str, float], noise: float, seeds: int = 5) -> None:
