@@ -154,15 +154,14 @@ def test_seed_and_epsilon_parts_merge_to_the_whole_run(tmp_path, monkeypatch):
 def test_pretraining_augmentation_is_seeded_and_reaches_only_the_public_phase(data):
     """vit_pretrain_augment changes the pre-trained model (the crops and flips are applied), repeats exactly for a
     seed (the draws come from the run's seeded stream), and the fine-tuning phases stay un-augmented."""
-    from audit.seed_arms.common import phase
-    from audit.seed_arms.vit import PRETRAIN_AUGMENT
+    from audit.seed_arms.common import CROP_FLIP, phase
 
     one = TINY.with_(vit_epsilons=(math.inf,), vit_trials=1)
     aug = one.with_(vit_pretrain_augment=True)
     plain, a1, a2 = (vit_arm(s, data=data) for s in (one, aug, aug))
     assert a1["per_seed"]["pretrain_D"] == a2["per_seed"]["pretrain_D"]
     assert a1["per_seed"]["pretrain_D"] != plain["per_seed"]["pretrain_D"]
-    assert a1["pretrain_augment"] == PRETRAIN_AUGMENT.model_dump() and plain["pretrain_augment"] is None
-    spec = phase("p", data.public, scale=aug, steps=3, sigma=None, seed=0, index=0, augment=PRETRAIN_AUGMENT)
+    assert a1["pretrain_augment"] == CROP_FLIP.model_dump() and plain["pretrain_augment"] is None
+    spec = phase("p", data.public, scale=aug, steps=3, sigma=None, seed=0, index=0, augment=CROP_FLIP)
     assert spec.training.augment.active and phase("p", data.public, scale=aug, steps=3, sigma=None, seed=0,
                                                   index=0).training is None

@@ -8,7 +8,7 @@ Transformer keeps that law, and how ε and hyper-parameter tuning move it. Per s
 1. a ``scale.vit_arch`` ViT (timm, ``scale.vit_kwargs``; patch 4 on 32×32 images through the project's model
    builder, Opacus-ready) is pre-trained non-DP for ``source_steps`` on the *pre-training part* of the public
    images (no hub weights can be fetched; the public images are a disjoint split of the same training file), with
-   random crops and flips (:data:`PRETRAIN_AUGMENT`) when ``scale.vit_pretrain_augment``;
+   random crops and flips (:data:`~audit.seed_arms.common.CROP_FLIP`) when ``scale.vit_pretrain_augment``;
 2. for every ε of ``vit_epsilons`` it is fine-tuned on the private images for ``steps`` steps, DP with σ by
    ``sigma_for`` (the scale's accountant; ``inf``: non-DP, σ none), once *untuned* (the default learning rate)
    and once *tuned*: a seeded random search (:func:`lr_search`) of ``vit_trials`` learning rates, log-uniform in
@@ -52,14 +52,11 @@ from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, load_ar
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
-           "vit_arm", "TUNING_PRIVACY_COST", "POOLING",
-           "PRETRAIN_AUGMENT"]
+           "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
 
 TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only (the public tuning-train and "
                        "tuning-validation parts, disjoint from the private images)")
 POOLING = "class token (token 0) of each block's output"
-#: the public pre-training's augmentation when ``ArmScale.vit_pretrain_augment`` is set
-PRETRAIN_AUGMENT = CROP_FLIP
 _SPLIT_KEY = 0x56495450   # "VITP": the public split's fixed permutation
 _PROBE_KEY = 0x50524F42   # "PROB": the probe images' fixed draw
 _SEARCH_KEY = 0x4C525345  # "LRSE": the candidate learning rates
@@ -219,9 +216,9 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
 
     def one(seed: int) -> dict[str, Any]:
         model = build(scale, data, seed=seed, device=device, arch=scale.vit_arch, kwargs=scale.vit_kwargs)
-        pretrained = train(model, [phase("public", parts.pretrain, scale=scale, steps=scale.source_steps, sigma=None,
-                                         seed=seed, index=0, lr=base, augment=PRETRAIN_AUGMENT
-                                         if scale.vit_pretrain_augment else None)], seed=seed, device=device)
+        pre = phase("public", parts.pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0,
+                    lr=base, augment=CROP_FLIP if scale.vit_pretrain_augment else None)
+        pretrained = train(model, [pre], seed=seed, device=device)
         prof = block_profile(pretrained, probe, device=device)
         blocks[:] = [len(prof["D"])]
         out: dict[str, Any] = {"pretrain_acc": test_acc(pretrained, data.test, device), "pretrain_D": prof["D"],
@@ -241,7 +238,7 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
             "epsilons": [eps_tag(e) for e in epsilons], "sigmas": {eps_tag(e): s for e, s in sigmas.items()},
             "accountant": scale.accountant, "delta": scale.delta, "steps": t, "source_steps": scale.source_steps,
             "default_lr": base,
-            "pretrain_augment": PRETRAIN_AUGMENT.model_dump() if scale.vit_pretrain_augment or scale.augment else None,
+            "pretrain_augment": CROP_FLIP.model_dump() if scale.vit_pretrain_augment or scale.augment else None,
             "tuning_privacy_cost": TUNING_PRIVACY_COST,
             "tuning": {"trials": scale.vit_trials, "trial_steps": scale.vit_trial_steps,
                        "lr_range": [base * float(f) for f in scale.vit_lr_range], "score": "public tuning-validation "
