@@ -88,8 +88,8 @@ SCALES = {
         description="issue 16's scale on all of CIFAR-10 carried as JPEG (seed_gpu.py prepare --jpeg / decode): "
                     "20,000 private images, 1,000 steps of batch 256, ResNet-20, random crops and flips in every "
                     "arm, 5 seeds",
-        # crops and flips: non-DP ResNet-20 on these 20,000 images reaches 56.1 % without them and 62.2 % with them
-        # (seed 0, this 2-core CPU, 14 min each; results/reference/seed_gpu/cpu_resnet20_probe.md)
+        # crops and flips: non-DP ResNet-20 on these 20,000 images reaches 56.1 % without them (seed 0) and 63.2 ± 0.9 %
+        # with them (3 seeds) on this 2-core CPU (results/reference/seed_gpu/cpu_resnet20_probe.md)
         overrides={"continual": {**_GPU_CONTINUAL, "data.root": ".device_data/cifar10_full", "data.pool_size": 20000,
                                  "training.continual.public.root": ".device_data/cifar10_full",
                                  "training.continual.public.pool_size": 5000, "training.augment.crop_padding": 4,

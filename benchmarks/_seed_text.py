@@ -89,5 +89,5 @@ LEFT_OUT = [
     "geometric law on the 3-block CNN (`transfer.md`) is inconclusive as well: 3 points per fit leave 1 residual "
     "degree of freedom. The non-DP baseline above 60 % is still not met in any committed run. A CPU probe "
     "(`seed_gpu/cpu_resnet20_probe.md`) shows that ResNet-20 at `gpu_full`'s settings needs crops and flips to get "
-    "there (56.1 % without, 62.2 % with, one seed), so `gpu_full` now uses them.",
+    "there (56.1 % without them on one seed; 63.2 ± 0.9 % with them on 3 seeds), so `gpu_full` now uses them.",
 ]
