@@ -240,6 +240,7 @@ def finetune_table_rows(scale: str) -> list[str]:
     """Ke et al.'s budget-split claims at ``scale``, tested as ``finetune_strategies[.scale].md`` tests them: Welch
     per split against the other strategy, Holm over the 3 splits. The per-seed accuracies of the runs when they are
     on this machine (then the verdicts equal the table's), else the table's rounded mean ± SD."""
+    from _seed_finetune import SPLITS
     from _seed_runs import SCALES as RUN_SCALES, remake, scale_config
 
     rows: list[str] = []
@@ -256,9 +257,8 @@ def finetune_table_rows(scale: str) -> list[str]:
             continue
         for other, claim in (("fft", "DP-LP-FFT > DP-FFT ('LP first mitigates distortion')"),
                              ("lp", "DP-LP-FFT > DP-LP")):
-            splits = ("lpfft25", "lpfft50", "lpfft75")
             res = [welch(raw[(k, eps)], raw[(other, eps)]) if exact else
-                   welch_from_summary(*s[(k, eps)], *s[(other, eps)]) for k in splits]
+                   welch_from_summary(*s[(k, eps)], *s[(other, eps)]) for k in SPLITS]
             adj = holm([r.p for r in res])
             i = max(range(3), key=lambda j: res[j].diff)
             vs = [verdict(diff=r.diff, p=p) for r, p in zip(res, adj)]
@@ -268,10 +268,10 @@ def finetune_table_rows(scale: str) -> list[str]:
             near = (f" {'DP-FFT' if other == 'fft' else 'DP-LP'} is near chance (10 %)."
                     if chance_test(s[(other, eps)][0] / 100, n=1000 * seeds, chance=0.1).near else "")
             rows.append(_row(scale, "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies table, {steps} steps)",
-                             f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k in splits)} % vs "
+                             f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k in SPLITS)} % vs "
                              f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, {seeds} seeds.{near}",
                              f"Welch per split on {source}, Holm over 3 splits: p = {adj[i]:.3f} for the largest "
-                             f"difference ({splits[i][5:]} % to LP)", v, cmd))
+                             f"difference ({SPLITS[i][5:]} % to LP)", v, cmd))
     return rows
 
 
