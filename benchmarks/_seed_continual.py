@@ -19,6 +19,21 @@ ARMS = (("nondp", "non-DP (same steps)"), ("scratch", "DP from scratch"), ("cont
         ("continual-dec", "DP continual pre-training, decelerator rule"))
 
 
+
+
+def _left(size: int, dropped) -> str:
+    """", leaving N" when ``dropped`` is a count."""
+    return f", leaving {size - dropped}" if isinstance(dropped, int) else ""
+
+def _augment_words(aug) -> str:
+    """The training augmentation in words, or nothing when there is none."""
+    parts = ([f"random {aug.crop_padding}-pixel crops"] if aug.crop_padding else []) + (
+        ["horizontal flips"] if aug.flip else [])
+    if not parts:
+        return ""
+    return (f" Every phase trains on {' and '.join(parts)} (one clipped gradient per example under DP, so the "
+            f"accounting is unchanged).")
+
 def _phase_steps(m: dict, dp: bool) -> int:
     return sum(p["steps"] for p in m["privacy"]["phases"] if p["dp"] == dp and (dp or p["name"] == "public"))
 
@@ -109,10 +124,12 @@ def table_continual(scale: str = "cpu") -> str | None:
         f"{cfg.training.batch_size}, {cfg.training.steps} logical steps in total for every method (public steps "
         f"count), flat clipping C = {cfg.privacy.max_grad_norm:g}, Poisson sampling, target ε = "
         f"{cfg.privacy.target_epsilon:g} ({cfg.privacy.accountant} accountant: σ is calibrated for the DP steps "
-        f"alone). Public = {cc.public.pool_size} other CIFAR-10 training images (images equal to a private one are "
-        f"dropped: {dropped} were); the public phase is not accounted. Test accuracy on {cfg.data.test_size} CIFAR-10 "
-        f"test images. Mean ± sample SD over seeds {', '.join(map(str, seeds))} (model init, batches, noise).", "",
-        *rows, "", "Test accuracy (%) per seed:", "", *per_seed, "", *closing(findings, all_runs, manifests)])
+        f"alone). Public = {cc.public.pool_size} CIFAR-10 training images drawn apart from the private pool (images "
+        f"equal to a private one are dropped: {dropped} were{_left(cc.public.pool_size, dropped)}); the public phase "
+        f"is not accounted. Test accuracy on {cfg.data.test_size} CIFAR-10 "
+        f"test images.{_augment_words(cfg.training.augment)} Mean ± sample SD over seeds "
+        f"{', '.join(map(str, seeds))} (model init, batches, noise).", "",
+        *rows, "", "Test accuracy (%) per seed:", "", *per_seed, "", *closing(findings, all_runs, manifests, scale)])
 
 
 def _curve(runs: list, key: str) -> dict[int, tuple[float, float, int]]:

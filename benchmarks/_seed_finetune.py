@@ -129,4 +129,4 @@ def table_finetune(scale: str = "cpu") -> str | None:
         "alone gets the stated share of ε and σ_FFT is chosen so that the accountant's composition of both phases is "
         "the target ε (`training/recipes/budget.py`). Backbone drift = relative L2 change of the non-head weights "
         f"from the source (0 for DP-LP, bit for bit). Mean ± sample SD over seeds {', '.join(map(str, seeds))}.", "",
-        *rows, "", *closing(findings, all_runs)])
+        *rows, "", *closing(findings, all_runs, scale=scale)])

@@ -44,6 +44,8 @@ class Scale:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     variant_overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     description: str = ""
+    #: the GPU the scale's runs shared, in words (their manifests say only "cuda"); empty for CPU scales
+    gpu: str = ""
 
 
 def _sweep(*points: int) -> dict[str, dict[str, dict[str, Any]]]:
@@ -97,7 +99,8 @@ SCALES = {
         # the non-DP baseline's tr(H) every 250 steps, not 50: on one shared GPU its 21 estimates of 32 probes cost
         # as much device time as two DP runs (the `gpu` lease), and the trace arm is where tr(H) is measured
         variant_overrides={"continual": {**_sweep(0, 50, 100, 200, 400)["continual"],
-                                         "nondp": {"training.hessian.every": 250}}}),
+                                         "nondp": {"training.hessian.every": 250}}},
+        gpu="one lent NVIDIA H200 (143,771 MiB, driver 580.159.04) shared by 6-12 runs at a time"),
     "gpu": Scale(
         name="gpu", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu",
         description="issue 16 on one H100: 1,000 steps of batch 256, 5 seeds, ResNet-20, 8,000 private CIFAR-10 "
@@ -106,7 +109,7 @@ SCALES = {
         overrides={"continual": {**_GPU_CONTINUAL, "data.root": ".device_data/cifar10", "data.pool_size": 8000,
                                  "data.test_size": 2000, "training.continual.public.root":
                                  ".device_data/cifar10_public", "training.continual.public.pool_size": 2000}},
-        variant_overrides=_sweep(0, 50, 100, 200, 400)),
+        variant_overrides=_sweep(0, 50, 100, 200, 400), gpu="one lent NVIDIA H100 80GB shared by 6-12 runs at a time"),
 }
 
 
@@ -196,23 +199,26 @@ def groups(name: str, scale: str) -> dict[str, list[tuple[int, dict, dict]]]:
     return {k: sorted(v, key=lambda r: r[0]) for k, v in out.items()}
 
 
-def machine(runs: list[dict], manifests: list[dict] | None = None) -> str:
-    """Where the runs trained: this machine for CPU runs, else the device, torch and Python their manifests name."""
+def machine(runs: list[dict], manifests: list[dict] | None = None, scale: str | None = None) -> str:
+    """Where the runs trained: this machine for CPU runs, else the device, torch and Python their manifests name and
+    the GPU the scale records (:attr:`Scale.gpu`)."""
     secs = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
     prov = [m.get("provenance", {}) for m in manifests or []]
     devices = sorted({p.get("device", "cpu") for p in prov})
     total = f"{len(secs)} runs, {sum(secs) / 60:.1f} min of training in total"
     if devices and devices != ["cpu"]:
         soft = sorted({f"torch {p.get('torch')}, Python {p.get('python')}" for p in prov})
-        return (f"device {', '.join(devices)} ({'; '.join(soft)}): one lent NVIDIA H100 80GB shared by 6-12 runs at "
-                f"a time (`benchmarks/seed_gpu.py`), so a run's wall time is not its speed alone; {total}")
+        gpu = (SCALES[scale].gpu if scale in SCALES else "") or "a lent GPU shared by several runs at a time"
+        return (f"device {', '.join(devices)} ({'; '.join(soft)}): {gpu} (`benchmarks/seed_gpu.py`), so a run's "
+                f"wall time is not its speed alone; {total}")
     return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs while these ran), torch "
             f"{__import__('torch').__version__}, 1 thread per run, {total}")
 
 
-def closing(findings: list[str], runs: list[dict], manifests: list[dict] | None = None) -> list[str]:
+def closing(findings: list[str], runs: list[dict], manifests: list[dict] | None = None, scale: str | None = None
+            ) -> list[str]:
     """The end of a table: its findings, then the machine the runs took."""
-    return ["## Findings", "", *findings, "", f"Machine: {machine(runs, manifests)}.", ""]
+    return ["## Findings", "", *findings, "", f"Machine: {machine(runs, manifests, scale)}.", ""]
 
 
 def hist(metrics: dict, key: str) -> dict[int, float]:
@@ -223,5 +229,9 @@ def hist(metrics: dict, key: str) -> dict[int, float]:
 def remake(names: str, scale: str) -> str:
     """The Re-make line of a table."""
     flag = "" if scale == "cpu" else f" --scale {scale}"
+    if SCALES[scale].gpu:  # trained on a lent GPU through seed_gpu.py's job queue, tabled here
+        return (f"Re-make: `python benchmarks/seed_gpu.py run --scale {scale} --arms` on the GPU machine (its "
+                f"docstring has the data and wheels to carry), `python benchmarks/seed_gpu.py unpack PACK` here, then "
+                f"`python benchmarks/seed_papers.py tables{flag}`")
     return (f"Re-make: `python benchmarks/seed_papers.py run {names} --workers 2{flag} && python "
             f"benchmarks/seed_papers.py tables{flag}`")

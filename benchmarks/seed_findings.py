@@ -6,7 +6,7 @@ Reads the continual-pretraining run directories (``benchmarks/seed_papers.py``),
 :mod:`audit.stats`; a claim is "reproduced" only when its (corrected) test rejects at 0.05 in the paper's direction,
 "not reproduced" when it rejects in the other direction, "inconclusive" otherwise.
 
-    python benchmarks/seed_findings.py [--scales gpu gpu_vit cpu_hour cpu_hour_vit cpu]
+    python benchmarks/seed_findings.py [--scales gpu_full gpu gpu_vit cpu_hour cpu_hour_vit cpu]
 """
 
 from __future__ import annotations
@@ -392,7 +392,7 @@ def vit_rows(scale: str) -> list[str]:
 
 
 SECTIONS = (continual_rows, bu_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
-SCALES = ("gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
+SCALES = ("gpu_full", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join([
         "# The seed papers' findings, claim by claim", "",
         "Re-make: each row's command (the `--scale` it names), then `python benchmarks/seed_findings.py`; the GPU "
-        "rows' runs are kept in `results/reference/seed_gpu/runs.tgz`, the `cpu_hour` configs' runs in "
+        "rows' runs are kept in `results/reference/seed_gpu/runs.tgz` (`gpu`) and `gpu_full_runs.tgz` beside it, "
+        "the `cpu_hour` configs' runs in "
         "`cpu_hour_runs.tgz` beside it (`python benchmarks/seed_gpu.py unpack FILE` puts them back), the arms' in "
         "`results/reference/seed_arms/<scale>/`.", "",
         *SCALE_NOTE, "",

@@ -172,14 +172,18 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
     os.environ["DP_AUDIT_SIGMA_CACHE"] = str(SIGMA_CACHE)
     todo = jobs(arms, runs, bases, scale)
     todo.sort(key=lambda j: (j[1] if j[0] == "arm" else str(j[2]).rsplit("-s", 1)[0]) not in first)  # stable
-    print(f"{len(todo)} job(s) on {workers} worker(s); soft {soft:.0f} s, hard {hard:.0f} s", flush=True)
+    # the soft deadline counts from here, once the queue is known: the imports and the scan of finished jobs take
+    # seconds, and a short --soft measured from the start let no job start at all (the gpu_full lease's resume call)
+    ready = time.time()
+    print(f"{len(todo)} job(s) on {workers} worker(s); soft {soft:.0f} s after {ready - t0:.0f} s of setup, hard "
+          f"{hard:.0f} s", flush=True)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     pending = {}
     queue = list(todo)
     LOG.parent.mkdir(parents=True, exist_ok=True)
     with open(LOG, "a") as log:
         while queue or pending:
-            while queue and len(pending) < workers and time.time() - t0 < soft:
+            while queue and len(pending) < workers and time.time() - ready < soft:
                 j = queue.pop(0)
                 pending[pool.submit(_job, *j)] = (j, time.time())
             if not pending:
@@ -204,7 +208,7 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
                 for proc in list(getattr(pool, "_processes", {}).values()):
                     proc.terminate()
                 break
-            if time.time() - t0 >= soft and queue:
+            if time.time() - ready >= soft and queue:
                 print(f"soft deadline: {len(queue)} job(s) left for a later call", flush=True)
                 queue.clear()
     pool.shutdown(wait=False, cancel_futures=True)
@@ -305,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--workers", type=int, default=8)
     r.add_argument("--scale", choices=("gpu", "gpu_full"), default="gpu",
                    help="gpu: the 11,000-image slice; gpu_full: all of CIFAR-10 after `prepare --jpeg` and `decode`")
-    r.add_argument("--soft", type=float, default=420.0, help="seconds after which no job starts")
+    r.add_argument("--soft", type=float, default=420.0,
+                   help="seconds after the queue is ready (imports and the scan done) after which no job starts")
     r.add_argument("--hard", type=float, default=540.0, help="seconds after which running jobs are stopped")
     k = sub.add_parser("pack", help="write the results to one tarball")
     k.add_argument("dest", type=Path)
