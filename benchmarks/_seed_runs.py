@@ -208,7 +208,9 @@ def machine(runs: list[dict], manifests: list[dict] | None = None, scale: str | 
     total = f"{len(secs)} runs, {sum(secs) / 60:.1f} min of training in total"
     if devices and devices != ["cpu"]:
         soft = sorted({f"torch {p.get('torch')}, Python {p.get('python')}" for p in prov})
-        gpu = (SCALES[scale].gpu if scale in SCALES else "") or "a lent GPU shared by several runs at a time"
+        names = sorted({p["device_name"] for p in prov if p.get("device_name")})  # manifests record it since 2026-11
+        gpu = ((SCALES[scale].gpu if scale in SCALES else "") or
+               f"one lent {' / '.join(names) or 'GPU'} shared by several runs at a time")
         return (f"device {', '.join(devices)} ({'; '.join(soft)}): {gpu} (`benchmarks/seed_gpu.py`), so a run's "
                 f"wall time is not its speed alone; {total}")
     return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs while these ran), torch "

@@ -277,8 +277,12 @@ def provenance_section(run: RunFiles, commands: dict[str, str]) -> ProvenanceSec
     pv, md, dt = man.provenance, man.model, man.data
     items: list[tuple[str, Any]] = [
         ("run", man.run_name), ("created", pv.created), ("dp-audit version", pv.package_version),
-        ("git commit", pv.git_commit), ("python", pv.python), ("torch", pv.torch), ("opacus", pv.opacus),
-        ("timm", pv.timm), ("device", pv.device), ("seed", pv.seed), ("config file", pv.config_file),
+        ("git commit", None if pv.git_commit is None else
+         pv.git_commit + (" (tracked files modified: the code that ran differs from this commit)"
+                          if pv.git_dirty else "")),
+        ("python", pv.python), ("torch", pv.torch), ("opacus", pv.opacus),
+        ("timm", pv.timm), ("device", pv.device if not pv.device_name else f"{pv.device} ({pv.device_name})"),
+        ("seed", pv.seed), ("config file", pv.config_file),
         ("config sha256", pv.config_sha256), ("original command", pv.command),
         ("model", f"{md.arch} ({md.param_count:,} parameters, {md.trainable_param_count:,} trained)"),
         ("weights sha256", md.weights_sha256),

@@ -147,6 +147,8 @@ class PrivacyInfo(_M):
 class Provenance(_M):
     package_version: str
     git_commit: str | None = None
+    git_dirty: bool | None = Field(None, description="tracked files differed from git_commit when the run was made "
+                                   "(the code that ran is then not exactly that commit); None when unknown")
     python: str | None = None
     torch: str | None = None
     opacus: str | None = None
@@ -157,6 +159,8 @@ class Provenance(_M):
     created: str
     command: str | None = None
     device: str | None = None
+    device_name: str | None = Field(None, description="the accelerator's model as the driver names it, e.g. "
+                                    "'NVIDIA H200'; None on the CPU")
 
 
 class Manifest(_M):
@@ -210,14 +214,37 @@ def _versions() -> dict[str, str | None]:
     return {"python": platform.python_version(), "torch": ver("torch"), "opacus": ver("opacus"), "timm": ver("timm")}
 
 
-def _git_commit() -> str | None:
+def _git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether tracked files differ from it) of the checkout this package runs from; (None, None)
+    outside a git checkout or without git. A copy of a working tree with an older ``.git`` (as a remote machine may
+    get) records that commit *and* ``dirty``, so the manifest never passes the edited code off as the commit."""
     import subprocess
 
+    here = cwd or Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=here)
+        commit = out.stdout.strip() or None if out.returncode == 0 else None
+        if commit is None:
+            return None, None
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                            timeout=10, cwd=here)
+        return commit, (bool(st.stdout.strip()) if st.returncode == 0 else None)
     except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def _device_name(device: str | None) -> str | None:
+    """The accelerator's model for a ``cuda``/``cuda:N`` device string, else None."""
+    if not device or not str(device).startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        index = int(str(device).split(":")[1]) if ":" in str(device) else torch.cuda.current_device()
+        return torch.cuda.get_device_name(index)
+    except (RuntimeError, ValueError, AssertionError):
         return None
 
 
@@ -267,6 +294,7 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
     else:
         d = {"dataset": data["dataset"], "root": data.get("root"), "split": data["split"],
              "image_size": data.get("image_size")}
+    commit, dirty = _git_state()
     return Manifest(
         run_name=run_name,
         model=ModelInfo(arch=model.arch, kwargs=dict(model.kwargs), num_classes=int(num_classes),
@@ -282,11 +310,11 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
                       canaries=None if canaries is None else dict(canaries), streamed=streamed),
         privacy=privacy,
         training=dict(training),
-        provenance=Provenance(package_version=_package_version(), git_commit=_git_commit(), **_versions(),
+        provenance=Provenance(package_version=_package_version(), git_commit=commit, git_dirty=dirty, **_versions(),
                               seed=seed, config_file=CONFIG_FILE if config_sha256 is not None else None,
                               config_sha256=config_sha256,
                               created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              command=command, device=device),
+                              command=command, device=device, device_name=_device_name(device)),
     )
 
 
