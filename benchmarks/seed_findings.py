@@ -119,7 +119,42 @@ def continual_rows(scale: str) -> list[str]:
                              f"rule: {statistics.mean(sw):.0f} public steps ({', '.join(map(str, sw))}); sweep best "
                              f"mean: {best[0]} (picked on test accuracy, descriptive)", "none (descriptive)",
                              "inconclusive", cmd))
+        elif "nondp" in curves:
+            rows += _offline_decelerator_row(scale, g, curves["nondp"], best[0], cmd)
     return rows
+
+
+def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]], best: int, cmd: str) -> list[str]:
+    """Where the decelerator rule would have switched, read off the non-DP run's held-out tr(H) (mean over seeds)
+    with the σ each switch step would leave (PLD, the sweep's ε, δ and q): a stand-in when no run used the rule.
+    Descriptive: the rule itself measures tr(H) on public images every ``eval_every`` steps, not on this grid."""
+    from _seed_runs import SCALES as RUN_SCALES, scale_config
+    from training.accounting import noise_multiplier_for
+
+    cfg = scale_config("continual", RUN_SCALES[scale])
+    tc, cc = cfg.training, cfg.training.continual
+    man = g[next(k for k in g if k.startswith("sw"))][0][1]
+    q, delta = tc.batch_size / cfg.data.pool_size, man["privacy"]["delta"]
+    steps = sorted(set.intersection(*(set(c) for c in nondp)))
+    grid = [st for st in steps if 0 < st <= cc.max_public_steps] or [st for st in steps if 0 < st < tc.steps][:1]
+    if not grid:
+        return []
+    vals = []
+    for st in grid:
+        sigma = noise_multiplier_for(target_epsilon=cfg.privacy.target_epsilon, sample_rate=q, steps=tc.steps - st,
+                                     delta=delta, accountant=cfg.privacy.accountant)
+        trace = statistics.mean(c[st] for c in nondp)
+        vals.append((st, sigma, trace, sigma ** 2 * trace / (tc.batch_size * cfg.privacy.max_grad_norm ** 2)))
+    fired = next((st for st, _, _, d in vals if d < cc.decelerator_threshold), None)
+    where = (f"below the threshold {cc.decelerator_threshold:g} by step {fired} at the latest" if fired is not None
+             else f"above the threshold {cc.decelerator_threshold:g} at every measured step up to the cap "
+                  f"({cc.max_public_steps})")
+    return [_row(scale, "Bu et al. 2024", "the decelerator rule switches near the sweep's best point (read off the "
+                 "non-DP run's tr(H); no run used the rule at this scale)",
+                 "σ²·tr(H)/(B·c²) at " + ", ".join(f"step {st}: {d:.2f} (σ {sg:.3f}, tr(H) {tr:.0f})"
+                                                    for st, sg, tr, d in vals)
+                 + f": {where}; sweep best mean: {best} public steps", "none (descriptive; tr(H) on "
+                 f"{len(grid)} grid point(s), means over {len(nondp)} seeds)", "inconclusive", cmd)]
 
 
 def _seeds(g: dict, key: str) -> list[int]:

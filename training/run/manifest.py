@@ -234,17 +234,14 @@ def _git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
 
 
 def _device_name(device: str | None) -> str | None:
-    """The accelerator's model for a ``cuda``/``cuda:N`` device string, else None."""
-    if not device or not str(device).startswith("cuda"):
-        return None
-    try:
-        import torch
+    """The accelerator's model (:func:`training.device.device_name`) for a GPU device string, else None."""
+    import torch
 
-        if not torch.cuda.is_available():
-            return None
-        index = int(str(device).split(":")[1]) if ":" in str(device) else torch.cuda.current_device()
-        return torch.cuda.get_device_name(index)
-    except (RuntimeError, ValueError, AssertionError):
+    from training.device import device_name, is_cuda
+
+    try:
+        return device_name(torch.device(device)) if device and is_cuda(device) else None
+    except (RuntimeError, AssertionError, ValueError):  # no driver here, or a string torch cannot parse
         return None
 
 
