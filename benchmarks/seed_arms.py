@@ -78,6 +78,19 @@ SCALES["cpu_hour_vit"] = SCALES["cpu_hour"].with_(
 SCALES["gpu_full"] = SCALES["full"].with_(name="gpu_full", root=".device_data/cifar10_full",
                                           downstream_root=".device_data/food101", downstream_private=2500,
                                           downstream_val=500, vit_public=20000, augment=True)
+# the ViT arm for one 15-minute lease at gpu_full's data: ViT-Tiny's width, heads and depth (192, 3, 12; 5.4M
+# parameters) on 8×8 patches (17 tokens, as `cpu_hour_vit`), pre-trained 2,000 steps of batch 256 on 18,000 public
+# CIFAR-10 images with crops and flips (2,000 more are the search's parts), then per (ε, tuned/untuned) 300 steps on
+# the 20,000 private images; a 3-trial × 50-step search on public data; 5 seeds, 1,000 probe images. About 11,000
+# DP steps and 10,000 non-DP ones in all, sized from ResNet-20's ~20 ms of GPU time per DP step on the H100/H200
+# leases: this ViT has 2.2× its forward FLOPs (182 vs 81 MFLOP per image, torch's flop counter) in larger matrix
+# products but 20× its parameters to take per-sample gradients of, so 1-3× its step is the guess; not yet run on a
+# GPU. `seed_gpu.py run --scale gpu_full --arms vit` runs it as 20 (seed, ε) jobs that share each seed's
+# pre-training (`vit.cached_pretrain`)
+SCALES["gpu_full_vit"] = SCALES["gpu_full"].with_(
+    name="gpu_full_vit", steps=300, source_steps=2000, vit_public=20000, vit_tune_fraction=0.1,
+    vit_kwargs={"embed_dim": 192, "num_heads": 3, "depth": 12, "patch_size": 8}, vit_lr=1e-3,
+    vit_pretrain_augment=True, vit_trials=3, vit_trial_steps=50, vit_probe_images=1000)
 # the ViT arm as it fitted the last ~10 minutes of a 30-minute H100 lease: 3 seeds, 500 fine-tuning steps per
 # (ε, tuned/untuned), a 96-wide 12-block ViT pre-trained for 1,000 steps on the 1,600 public pre-training images
 SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=1000, seeds=(0, 1, 2),
@@ -145,7 +158,9 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, epsilon: float 
         scale = scale.with_(vit_epsilons=(epsilon,))
     device = resolve_device("auto")
     t0 = time.perf_counter()
-    res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True))
+    # the ViT arm's (seed, ε) jobs of one seed share its pre-trained weights through a cache beside the parts
+    extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if name == "vit" and epsilon is not None else {}
+    res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True), **extra)
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "
                 f"CPU cores, torch {torch.__version__}", "scale_settings": {k: v for k, v in vars(scale).items()}})

@@ -6,7 +6,7 @@ Reads the continual-pretraining run directories (``benchmarks/seed_papers.py``),
 :mod:`audit.stats`; a claim is "reproduced" only when its (corrected) test rejects at 0.05 in the paper's direction,
 "not reproduced" when it rejects in the other direction, "inconclusive" otherwise.
 
-    python benchmarks/seed_findings.py [--scales gpu_full gpu gpu_vit cpu_hour cpu_hour_vit cpu]
+    python benchmarks/seed_findings.py [--scales gpu_full gpu_full_vit gpu gpu_vit cpu_hour cpu_hour_vit cpu]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on th
 def arms_cmd(arm: str, scale: str) -> str:
     """The command that re-makes an arm's results at ``scale`` (GPU scales run through seed_gpu.py)."""
     if scale.startswith("gpu"):
-        return GPU_CMD.format(base="gpu_full" if scale == "gpu_full" else "gpu", arm=arm, scale=scale)
+        return GPU_CMD.format(base="gpu_full" if scale.startswith("gpu_full") else "gpu", arm=arm, scale=scale)
     return ARMS_CMD.format(arm=arm, scale=scale)
 
 
@@ -427,7 +427,7 @@ def vit_rows(scale: str) -> list[str]:
 
 
 SECTIONS = (continual_rows, bu_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
-SCALES = ("gpu_full", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
+SCALES = ("gpu_full", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
 
 
 def main(argv: list[str] | None = None) -> int:

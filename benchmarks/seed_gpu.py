@@ -10,11 +10,12 @@ and keeps nothing. So:
   Food-101 images (the Ke et al. arm's downstream task), each draw seeded: the ``gpu`` scale.
   ``prepare --jpeg`` instead packs all of CIFAR-10 (55,000 images) as JPEG in 48 MiB; ``decode`` on the device
   turns it into ``.device_data/cifar10_full`` for the ``gpu_full`` scale (issue 16's full sizes).
-* ``run [--scale gpu|gpu_full]`` trains that scale of :mod:`seed_arms` (one job per arm and seed; the ViT arm at
-  ``gpu_vit`` under ``--scale gpu``) and of :mod:`seed_papers`' continual config (one job per variant) over
-  ``--workers`` processes sharing the GPU, in seed-major order (``--first`` moves arms or variants ahead), skipping
-  jobs whose results exist (carry them back in and the queue resumes), starting nothing after ``--soft`` seconds
-  and stopping everything at ``--hard`` seconds. σ calibrations are shared between the processes through the
+* ``run [--scale gpu|gpu_full]`` trains that scale of :mod:`seed_arms` (one job per arm and seed; the ViT arm one
+  job per (seed, ε), at ``gpu_vit`` under ``--scale gpu`` and ``gpu_full_vit`` under ``--scale gpu_full``) and of
+  :mod:`seed_papers`' continual config (one job per variant) over ``--workers`` processes sharing the GPU, in
+  seed-major order (``--first`` moves arms or variants ahead), skipping jobs whose results exist (carry them back
+  in and the queue resumes), starting nothing once ``--soft`` seconds have passed since the queue was ready and
+  stopping everything at ``--hard`` seconds. σ calibrations are shared between the processes through the
   on-disk cache of :mod:`training.accounting.sigma_cache`. One process alone leaves an H100 mostly idle (the DP
   step is host-bound); 8-12 processes keep it busy (``results/reference/seed_gpu/``).
 * ``profile`` times one process alone (non-DP, DP hooks, DP bk) and lists the top device kernels of 12 DP steps.
@@ -43,7 +44,8 @@ DATA = ROOT / ".device_data"
 SIGMA_CACHE = ROOT / "results/sigma-cache"
 LOG = ROOT / "results/seed_gpu_jobs.jsonl"
 ARM_ORDER = ("vit", "ke", "ganesh", "trace", "continual")
-ARM_SCALE = {"gpu": {"vit": "gpu_vit"}}  # per --scale, an arm that runs at another scale (default: --scale)
+ARM_SCALE = {"gpu": {"vit": "gpu_vit"}, "gpu_full": {"vit": "gpu_full_vit"}}  # per --scale, an arm that runs at
+# another scale (default: --scale)
 
 
 def prepare(shared: Path) -> None:

@@ -165,3 +165,34 @@ def test_pretraining_augmentation_is_seeded_and_reaches_only_the_public_phase(da
     spec = phase("p", data.public, scale=aug, steps=3, sigma=None, seed=0, index=0, augment=CROP_FLIP)
     assert spec.training.augment.active and phase("p", data.public, scale=aug, steps=3, sigma=None, seed=0,
                                                   index=0).training is None
+
+
+def test_pretrained_cache_trains_once_per_seed_and_matches_a_plain_run(data, tmp_path, monkeypatch):
+    """Two (seed, ε) jobs with one cache pre-train once and start from the weights a run without the cache
+    trains; a cache file of another key, or a corrupt one, is trained again rather than trusted."""
+    import audit.seed_arms.vit as vit
+
+    calls = []
+    real = vit.train
+
+    def counting(model, specs, **kw):
+        calls.extend(s.name for s in specs)
+        return real(model, specs, **kw)
+
+    monkeypatch.setattr(vit, "train", counting)
+    one = TINY.with_(vit_epsilons=(8.0,), vit_trials=1)
+    plain = vit_arm(one, data=data)["per_seed"]
+    calls.clear()
+    a = vit_arm(one, data=data, pretrained_cache=tmp_path)["per_seed"]
+    b = vit_arm(one.with_(vit_epsilons=(math.inf,)), data=data, pretrained_cache=tmp_path)["per_seed"]
+    assert calls.count("public") == 1  # the second job loaded the first one's weights
+    assert a["pretrain_D"] == b["pretrain_D"] == plain["pretrain_D"] and a["eps8_tuned_D"] == plain["eps8_tuned_D"]
+    files = list(tmp_path.glob("*.safetensors"))
+    assert len(files) == 1
+    files[0].write_bytes(b"not safetensors")
+    calls.clear()
+    c = vit_arm(one, data=data, pretrained_cache=tmp_path)["per_seed"]
+    assert calls.count("public") == 1 and c["pretrain_D"] == plain["pretrain_D"]
+    calls.clear()
+    vit_arm(one.with_(source_steps=TINY.source_steps + 1), data=data, pretrained_cache=tmp_path)  # another key
+    assert calls.count("public") == 1 and len(list(tmp_path.glob("*.safetensors"))) == 2

@@ -31,6 +31,11 @@ Keys per seed (``eps1``, ``eps3``, ``eps8``, ``epsinf``; :func:`eps_tag`) × (``
 ``_lr``, ``_sigma`` (None for ε = ∞), ``_seconds``; ``{eps}_tuned_trials`` (every trial's rate and scores);
 ``pretrain_acc``, ``pretrain_D``, ``pretrain_residual``.
 
+When the arm runs as separate (seed, ε) jobs (``benchmarks/seed_gpu.py``), ``pretrained_cache`` names a folder
+where the first job of a seed keeps its pre-trained weights (safetensors, keyed by everything that determines
+them) and the seed's other jobs load them instead of pre-training again: one pre-training per seed, as in the
+whole run, and every ε of a seed starts from the same weights even where GPU kernels are not bit-reproducible.
+
 >>> [eps_tag(e) for e in (1.0, 3.0, 0.5, float("inf"))]
 ['eps1', 'eps3', 'eps0p5', 'epsinf']
 """
@@ -38,10 +43,13 @@ Keys per seed (``eps1``, ``eps3``, ``eps8``, ``epsinf``; :func:`eps_tag`) × (``
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,7 +60,7 @@ from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, load_ar
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
-           "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
+           "vit_arm", "pretrain_key", "cached_pretrain", "TUNING_PRIVACY_COST", "POOLING"]
 
 TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only (the public tuning-train and "
                        "tuning-validation parts, disjoint from the private images)")
@@ -188,10 +196,60 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
     return {"lr": max(trials, key=rank)["lr"], "trials": trials}
 
 
+#: scale fields that differ between the (seed, ε) jobs of one run and do not touch the pre-training
+_PART_FIELDS = ("seeds", "vit_epsilons")
+
+
+def pretrain_key(scale: ArmScale, pretrain: ImageSet, *, seed: int, lr: float, device) -> dict[str, Any]:
+    """Everything that determines a seed's pre-trained weights: the scale's settings (less :data:`_PART_FIELDS`),
+    the pre-training images' fingerprint, the seed, the learning rate, the device type and torch's version."""
+    fields = {k: v for k, v in vars(scale).items() if k not in _PART_FIELDS}
+    return {"format": 1, "scale": json.loads(json.dumps(fields, sort_keys=True, default=str)),
+            "images": pretrain.fingerprint(), "seed": int(seed), "lr": float(lr),
+            "device": torch.device(device).type, "torch": torch.__version__}
+
+
+def cached_pretrain(cache: str | Path | None, key: dict[str, Any], make: Callable[[], torch.nn.Module],
+                    pretrain: Callable[[torch.nn.Module], torch.nn.Module], *, device="cpu") -> torch.nn.Module:
+    """``pretrain(make())``, kept in ``cache`` under ``key`` and loaded from there when present (see the module
+    docstring). Jobs asking for the same key at once wait on a file lock, so it is trained once; a file whose
+    stored key differs, or that does not load, is trained again and replaced. No cache: plain pre-training."""
+    if cache is None:
+        return pretrain(make())
+    from training.io import load_safetensors, save_safetensors
+
+    text = json.dumps(key, sort_keys=True)
+    path = Path(cache) / f"vit-pretrained-{hashlib.sha256(text.encode()).hexdigest()[:24]}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # no POSIX locks: concurrent jobs may each pre-train (same result, more time)
+            pass
+        if path.is_file():
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    stored = (f.metadata() or {}).get("key")
+                if stored == text:
+                    model = make()
+                    model.load_state_dict(load_safetensors(path))
+                    return model.to(device)
+            except Exception:  # noqa: BLE001 - safetensors' own error types for a corrupt file; a strict load of
+                pass           # another model's weights: either way the file is not these weights, train again
+        model = pretrain(make())
+        save_safetensors(path, model.state_dict(), metadata={"key": text})
+        return model
+
+
 def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
-            data: ArmData | None = None) -> dict[str, Any]:
+            data: ArmData | None = None, pretrained_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: pre-train, then every (ε, tuned/untuned) private fine-tuning with its accuracy and per-block
-    profile (see the module docstring). ``data`` replaces the scale's data (tests)."""
+    profile (see the module docstring). ``data`` replaces the scale's data (tests); ``pretrained_cache``: a folder
+    that shares each seed's pre-trained weights between the jobs of one run (:func:`cached_pretrain`)."""
     if data is None:
         data = load_arm_data(scale.with_(public=scale.vit_public) if scale.vit_public else scale, device=device)
     parts = public_parts(data.public, scale.vit_tune_fraction)
@@ -215,10 +273,12 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
         out.update({f"{key}_lr": float(lr), f"{key}_sigma": sigma})
 
     def one(seed: int) -> dict[str, Any]:
-        model = build(scale, data, seed=seed, device=device, arch=scale.vit_arch, kwargs=scale.vit_kwargs)
         pre = phase("public", parts.pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0,
                     lr=base, augment=CROP_FLIP if scale.vit_pretrain_augment else None)
-        pretrained = train(model, [pre], seed=seed, device=device)
+        pretrained = cached_pretrain(
+            pretrained_cache, pretrain_key(scale, parts.pretrain, seed=seed, lr=base, device=device),
+            lambda: build(scale, data, seed=seed, device=device, arch=scale.vit_arch, kwargs=scale.vit_kwargs),
+            lambda model: train(model, [pre], seed=seed, device=device), device=device)
         prof = block_profile(pretrained, probe, device=device)
         blocks[:] = [len(prof["D"])]
         out: dict[str, Any] = {"pretrain_acc": test_acc(pretrained, data.test, device), "pretrain_D": prof["D"],
