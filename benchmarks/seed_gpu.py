@@ -166,10 +166,13 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
 
 
 def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bases: list[str] | None = None,
-        first: list[str] = (), scale: str = "gpu") -> None:
+        first: list[str] = (), scale: str = "gpu", *, job=None, log_path: Path | None = None) -> None:
+    """Run the pending jobs (:func:`jobs`) until the deadlines; ``job`` (a module-level function, default
+    :func:`_job`) and ``log_path`` (default ``results/seed_gpu_jobs.jsonl``) are for tests."""
     import multiprocessing as mp
 
     t0 = time.time()
+    job, log_path = job or _job, log_path or LOG
     os.chdir(ROOT)
     os.environ["DP_AUDIT_SIGMA_CACHE"] = str(SIGMA_CACHE)
     todo = jobs(arms, runs, bases, scale)
@@ -182,12 +185,12 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     pending = {}
     queue = list(todo)
-    LOG.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOG, "a") as log:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
         while queue or pending:
             while queue and len(pending) < workers and time.time() - ready < soft:
                 j = queue.pop(0)
-                pending[pool.submit(_job, *j)] = (j, time.time())
+                pending[pool.submit(job, *j)] = (j, time.time())
             if not pending:
                 break
             done, _ = wait(pending, timeout=max(1.0, min(15.0, hard - (time.time() - t0))),

@@ -1,0 +1,63 @@
+"""benchmarks/seed_gpu.py's job queue, which spends scarce GPU minutes: the soft deadline counts from the ready
+queue, a failing job is logged while the others go on, and the hard deadline stops a job that would overrun."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import seed_gpu  # noqa: E402
+
+
+def fake_job(kind, name, key, base="gpu", epsilon=None):
+    """Stands in for seed_gpu._job in the worker processes: ``name`` says how it behaves."""
+    t0 = time.time()
+    if name == "boom":
+        raise RuntimeError("the job broke")
+    time.sleep({"fast": 0.05, "medium": 2.0, "slow": 60.0}[name])
+    return {"kind": kind, "name": name, "key": key, "epsilon": epsilon, "seconds": time.time() - t0,
+            "end": time.time()}
+
+
+def _run(monkeypatch, tmp_path, todo, *, setup=0.0, **kw):
+    def pending(*_):
+        time.sleep(setup)  # the imports and the scan of finished runs, before the queue is ready
+        return list(todo)
+
+    monkeypatch.setattr(seed_gpu, "jobs", pending)
+    monkeypatch.setattr(seed_gpu, "SIGMA_CACHE", tmp_path / "sigma")
+    log = tmp_path / "jobs.jsonl"
+    seed_gpu.run([], True, kw.pop("workers", 2), kw.pop("soft"), kw.pop("hard"), job=fake_job, log_path=log, **kw)
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.fixture(autouse=True)
+def _keep_cwd(monkeypatch):
+    monkeypatch.chdir(Path.cwd())  # run() changes into the repository root
+
+
+def test_soft_deadline_counts_from_the_ready_queue(monkeypatch, tmp_path):
+    todo = [("run", "fast", f"k{i}", "gpu") for i in range(3)]
+    recs = _run(monkeypatch, tmp_path, todo, setup=1.5, soft=1.0, hard=120)
+    assert sorted(r["key"] for r in recs) == ["k0", "k1", "k2"] and {r["status"] for r in recs} == {"done"}
+
+
+def test_soft_deadline_leaves_the_rest_for_a_later_call(monkeypatch, tmp_path):
+    todo = [("run", "medium", "first", "gpu"), ("run", "fast", "later1", "gpu"), ("run", "fast", "later2", "gpu")]
+    recs = _run(monkeypatch, tmp_path, todo, workers=1, soft=0.5, hard=120)
+    assert [r["key"] for r in recs] == ["first"]
+
+
+def test_a_failure_is_logged_and_the_hard_deadline_stops_an_overrun(monkeypatch, tmp_path):
+    todo = [("run", "fast", "ok", "gpu"), ("arm", "boom", 3, "gpu", 8.0), ("run", "slow", "long", "gpu")]
+    recs = _run(monkeypatch, tmp_path, todo, workers=3, soft=60, hard=8)
+    by = {r["key"]: r for r in recs}
+    assert by["ok"]["status"] == "done"
+    assert by[3]["status"].startswith("failed: RuntimeError('the job broke')") and by[3]["epsilon"] == 8.0
+    assert "long" not in by  # stopped at the hard deadline, never logged as done
