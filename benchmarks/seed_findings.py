@@ -13,56 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from audit.stats import chance_test, fmt_mean_sd, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
 from _seed_continual import peak_and_fall, sweep_points  # noqa: E402
-from _seed_runs import OUT, ROOT, groups, hist  # noqa: E402
+from _seed_runs import OUT, groups, hist  # noqa: E402
 from _seed_text import IN_WORDS, LEFT_OUT, SCALE_NOTE  # noqa: E402
-
-ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
-RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
-GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} ... (on the GPU machine; see its docstring), then here "
-           "python benchmarks/seed_arms.py merge {arm} --scale {scale}")
-GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on the GPU machine), then here python "
-                "benchmarks/seed_papers.py tables --scale {scale}")
-
-
-def arms_cmd(arm: str, scale: str) -> str:
-    """The command that re-makes an arm's results at ``scale`` (GPU scales run through seed_gpu.py)."""
-    if scale.startswith("gpu"):
-        return GPU_CMD.format(base="gpu_full" if scale.startswith("gpu_full") else "gpu", arm=arm, scale=scale)
-    return ARMS_CMD.format(arm=arm, scale=scale)
-
-
-def _pct(v: list[float]) -> str:
-    return f"{fmt_mean_sd(v, '.1f', 100)} %"
-
-
-def _row(scale: str, paper: str, claim: str, measured: str, test: str, verdict_: str, cmd: str) -> str:
-    return f"| {paper} | {claim} | {scale} | {measured} | {test} | **{verdict_}** | `{cmd}` |"
-
-
-def _test(a: list[float], b: list[float], *, family: int = 1, scale: float = 100, fmt: str = "+.1f"
-          ) -> tuple[str, str, float]:
-    """(test text, verdict, corrected p) of mean(a) > mean(b) by Welch, Bonferroni-corrected over ``family`` (the
-    claims a table tests on the same runs; Holm's first step)."""
-    r = welch(a, b)
-    if r is None:
-        return "too few seeds for a test", "inconclusive", math.nan
-    p = min(1.0, r.p * family)
-    corr = f", Bonferroni ×{family}: p = {p:.3f}" if family > 1 else ""
-    return (f"Welch: diff {r.diff * scale:{fmt}}, p = {r.p:.3f}{corr}, n = {r.n_a}/{r.n_b}",
-            verdict(diff=r.diff, p=p), p)
-
+from _seed_law import R2_BAR, vit_rows  # noqa: E402,F401 - R2_BAR: the law's bar, read by the tests
+from _seed_rows import GPU_RUNS_CMD, RUNS_CMD, arm_result, arms_cmd, greater, pct, row  # noqa: E402
 
 def continual_rows(scale: str) -> list[str]:
     from _seed_runs import SCALES as RUN_SCALES
@@ -83,8 +47,8 @@ def continual_rows(scale: str) -> list[str]:
             test += ("; the rule never fired (σ²·tr(H)/(B·c²) stayed above its threshold): a fixed switch at its "
                      "cap, so this says more public steps helped, not that the rule chose well")
             v = "inconclusive"
-        rows.append(_row(scale, "Bu et al. 2024", "DP continual pre-training > DP from scratch, equal ε and total "
-                         f"steps [{what}]", f"{_pct(acc[k])} vs {_pct(acc['scratch'])}", test, v, cmd))
+        rows.append(row(scale, "Bu et al. 2024", "DP continual pre-training > DP from scratch, equal ε and total "
+                         f"steps [{what}]", f"{pct(acc[k])} vs {pct(acc['scratch'])}", test, v, cmd))
     curves = {k: [hist(x, "trace_h") for _, _, x in g[k]] for k in ("nondp", "scratch", "continual") if k in g}
     curves = {k: c for k, c in curves.items() if all(c)}
     if curves:
@@ -94,7 +58,7 @@ def continual_rows(scale: str) -> list[str]:
             shape, peak = peak_and_fall({s: mean_sd([c[s] for c in cs]) for s in steps})
             shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps, "
                           f"{len(cs)} seed(s), last {statistics.mean(c[max(steps)] for c in cs):.0f}")
-        rows.append(_row(scale, "Bu et al. 2024", "tr(H) rises early in training, then peaks and falls (the configs' "
+        rows.append(row(scale, "Bu et al. 2024", "tr(H) rises early in training, then peaks and falls (the configs' "
                          "runs; 256 held-out test images, 32 probes)", "; ".join(shapes),
                          "peak − last > 2 SE (SD over seeds / √n)",
                          "reproduced" if any("peak-and-fall" in x for x in shapes) else "inconclusive", cmd))
@@ -105,17 +69,17 @@ def continual_rows(scale: str) -> list[str]:
         res = [(s, welch(acc[k], acc[zero])) for s, k in others] if zero else []
         adj = holm([r.p for _, r in res]) if res else []
         best = max(sweep, key=lambda sk: statistics.mean(acc[sk[1]]))
-        measured = "; ".join(f"{s}: {_pct(acc[k])}" for s, k in sweep)
+        measured = "; ".join(f"{s}: {pct(acc[k])}" for s, k in sweep)
         if res:
             i = max(range(len(res)), key=lambda j: res[j][1].diff)
             paired = _paired_holm({s: dict(zip(_seeds(g, k), acc[k])) for s, k in sweep}, 0)
-            rows.append(_row(scale, "Bu et al. 2024", "some public steps before DP beat none (switch-point sweep, "
+            rows.append(row(scale, "Bu et al. 2024", "some public steps before DP beat none (switch-point sweep, "
                              "equal total steps, σ by PLD)", measured, f"each k > 0 vs 0 by Welch, Holm over "
                              f"{len(res)}: best k = {res[i][0]}, p = {adj[i]:.3f}{paired}",
                              verdict(diff=res[i][1].diff, p=adj[i]), cmd))
         if "continual-dec" in g:
             sw = [x["continual"]["switch_step"] for _, _, x in g["continual-dec"]]
-            rows.append(_row(scale, "Bu et al. 2024", "the decelerator rule switches near the sweep's best point",
+            rows.append(row(scale, "Bu et al. 2024", "the decelerator rule switches near the sweep's best point",
                              f"rule: {statistics.mean(sw):.0f} public steps ({', '.join(map(str, sw))}); sweep best "
                              f"mean: {best[0]} (picked on test accuracy, descriptive)", "none (descriptive)",
                              "inconclusive", cmd))
@@ -149,7 +113,7 @@ def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]],
     where = (f"below the threshold {cc.decelerator_threshold:g} by step {fired} at the latest" if fired is not None
              else f"above the threshold {cc.decelerator_threshold:g} at every measured step up to the cap "
                   f"({cc.max_public_steps})")
-    return [_row(scale, "Bu et al. 2024", "the decelerator rule switches near the sweep's best point (read off the "
+    return [row(scale, "Bu et al. 2024", "the decelerator rule switches near the sweep's best point (read off the "
                  "non-DP run's tr(H); no run used the rule at this scale)",
                  "σ²·tr(H)/(B·c²) at " + ", ".join(f"step {st}: {d:.2f} (σ {sg:.3f}, tr(H) {tr:.0f})"
                                                     for st, sg, tr, d in vals)
@@ -180,46 +144,38 @@ def _paired_holm(by_point: dict[int, dict[int, float]], base: int) -> str:
         f"{k}: {100 * d:+.1f} points, Holm p = {p:.3f}" for (k, d, _), p in zip(res, adj)))
 
 
-def _arm(scale: str, name: str) -> dict | None:
-    """An arm's JSON at ``scale``: this machine's run, else the copy kept in ``results/reference/seed_arms``."""
-    for base in (ROOT / "results/seed_arms", OUT / "seed_arms"):
-        if (base / scale / f"{name}.json").is_file():
-            return json.loads((base / scale / f"{name}.json").read_text())
-    return None
-
-
 def bu_arm_rows(scale: str) -> list[str]:
     rows = []
-    c = _arm(scale, "continual")
+    c = arm_result(scale, "continual")
     if c:
         ps, cmd = c["per_seed"], arms_cmd("continual", scale)
-        t, v, _ = _test(ps["clip_only_acc"], ps["scratch_acc"], family=2)
+        t, v, _ = greater(ps["clip_only_acc"], ps["scratch_acc"], family=2)
         gap = welch(ps["nondp_acc"], ps["clip_only_acc"])
         gap_s = (f"; non-DP − clip-only {100 * gap.diff:+.1f} points, 95 % CI [{100 * gap.ci_low:.1f}, "
                  f"{100 * gap.ci_high:.1f}]" if gap else "")
-        rows.append(_row(scale, "Bu et al. 2024",
+        rows.append(row(scale, "Bu et al. 2024",
                                 "noise, not clipping, causes the degradation (σ = 0 clipping-only arm ≈ "
-                         "non-DP, > DP)", f"non-DP {_pct(ps['nondp_acc'])}, clip-only {_pct(ps['clip_only_acc'])}, "
-                         f"DP {_pct(ps['scratch_acc'])}{gap_s}", f"clip-only > DP: {t}", v, cmd))
-        t, v, _ = _test(ps["plateau_acc"], ps["scratch_acc"], family=2)
+                         "non-DP, > DP)", f"non-DP {pct(ps['nondp_acc'])}, clip-only {pct(ps['clip_only_acc'])}, "
+                         f"DP {pct(ps['scratch_acc'])}{gap_s}", f"clip-only > DP: {t}", v, cmd))
+        t, v, _ = greater(ps["plateau_acc"], ps["scratch_acc"], family=2)
         if all(r == "max_public_steps" for r in ps["plateau_reason"]):  # the rule was never exercised
             t += ("; the rule never fired (the public val loss kept improving): in effect a fixed switch at its cap, "
                   "so this says more public steps helped, not that the rule chose well")
             v = "inconclusive"
-        rows.append(_row(scale, "Bu et al. 2024", "the plateau switch rule (public val loss) gives a useful switch",
+        rows.append(row(scale, "Bu et al. 2024", "the plateau switch rule (public val loss) gives a useful switch",
                          f"switch at {', '.join(map(str, ps['plateau_switch']))} public steps "
                          f"({', '.join(ps['plateau_reason'])}); "
-                         f"{_pct(ps['plateau_acc'])} vs scratch {_pct(ps['scratch_acc'])}", f"plateau > scratch: {t}",
+                         f"{pct(ps['plateau_acc'])} vs scratch {pct(ps['scratch_acc'])}", f"plateau > scratch: {t}",
                          v, cmd))
         auc = {k: ps[f"{k}_loss_auc"] for k in ("nondp", "scratch", "continual", "plateau")}
-        t, v, _ = _test(auc["nondp"], auc["continual"], scale=1, fmt="+.3f")
+        t, v, _ = greater(auc["nondp"], auc["continual"], scale=1, fmt="+.3f")
         ci = f"[{min(ps['continual_loss_auc_lo']):.3f}, {max(ps['continual_loss_auc_hi']):.3f}]"
-        rows.append(_row(scale, "Bu et al. 2024",
+        rows.append(row(scale, "Bu et al. 2024",
                                 "continual checkpoints resist membership inference (the DP claim covers "
                          "the private data)", "LOSS AUC: " + ", ".join(f"{k} {fmt_mean_sd(v_, '.3f')}"
                                                                      for k, v_ in auc.items())
                          + f"; continual's bootstrap CIs span {ci}", f"non-DP AUC > continual AUC: {t}", v, cmd))
-    tr = _arm(scale, "trace")
+    tr = arm_result(scale, "trace")
     if tr:
         ps, cmd = tr["per_seed"], arms_cmd("trace", scale)
         shapes = []
@@ -230,13 +186,13 @@ def bu_arm_rows(scale: str) -> list[str]:
             shape, peak = peak_and_fall(curve)
             shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps")
         any_fall = any("peak-and-fall" in s for s in shapes)
-        rows.append(_row(scale, "Bu et al. 2024", "tr(H) rises early in pre-training, then peaks and falls",
+        rows.append(row(scale, "Bu et al. 2024", "tr(H) rises early in pre-training, then peaks and falls",
                          "; ".join(shapes), "peak − last > 2 SE (SD over seeds / √n)",
                          "reproduced" if any_fall else "inconclusive", cmd))
         means = {k: [statistics.mean(r["trace_h"] for r in rows_ if r["step"] > 0) for rows_ in ps[f"{k}_trace"]]
                  for k in ("pretrain_dp", "finetune_dp")}
-        t, v, _ = _test(means["pretrain_dp"], means["finetune_dp"], scale=1, fmt="+.0f")
-        rows.append(_row(scale, "Bu et al. 2024", "tr(H) is smaller in (DP) fine-tuning than in (DP) pre-training",
+        t, v, _ = greater(means["pretrain_dp"], means["finetune_dp"], scale=1, fmt="+.0f")
+        rows.append(row(scale, "Bu et al. 2024", "tr(H) is smaller in (DP) fine-tuning than in (DP) pre-training",
                          f"mean tr(H) over the run: pre-training {fmt_mean_sd(means['pretrain_dp'], '.0f')}, "
                          f"fine-tuning {fmt_mean_sd(means['finetune_dp'], '.0f')}", f"pre-training > fine-tuning: {t}",
                          v, cmd))
@@ -302,7 +258,7 @@ def finetune_table_rows(scale: str) -> list[str]:
             seeds = s[(other, eps)][2]  # every seed is scored on the configs' 1,000 Food-101 test images
             near = (f" {'DP-FFT' if other == 'fft' else 'DP-LP'} is near chance (10 %)."
                     if chance_test(s[(other, eps)][0] / 100, n=1000 * seeds, chance=0.1).near else "")
-            rows.append(_row(scale, "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies table, {steps} steps)",
+            rows.append(row(scale, "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies table, {steps} steps)",
                              f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k in SPLITS)} % vs "
                              f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, {seeds} seeds.{near}",
                              f"Welch per split on {source}, Holm over 3 splits: p = {adj[i]:.3f} for the largest "
@@ -312,119 +268,47 @@ def finetune_table_rows(scale: str) -> list[str]:
 
 def ke_rows(scale: str) -> list[str]:
     rows = []
-    k = _arm(scale, "ke")
+    k = arm_result(scale, "ke")
     if k:
         ps, cmd = k["per_seed"], arms_cmd("ke", scale)
-        t, v, _ = _test(ps["lp_aligned_acc"], ps["random_acc"], family=2)
-        rows.append(_row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
+        t, v, _ = greater(ps["lp_aligned_acc"], ps["random_acc"], family=2)
+        rows.append(row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
                          f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
-                         f"LP-aligned {_pct(ps['lp_aligned_acc'])}, random {_pct(ps['random_acc'])}, zero "
-                         f"{_pct(ps['zero_acc'])}", f"LP-aligned > random: {t}", v, cmd))
-        t, v, _ = _test(ps["lp_aligned_knn"], ps["random_knn"], family=2)
-        rows.append(_row(scale, "Ke et al. 2024",
+                         f"LP-aligned {pct(ps['lp_aligned_acc'])}, random {pct(ps['random_acc'])}, zero "
+                         f"{pct(ps['zero_acc'])}", f"LP-aligned > random: {t}", v, cmd))
+        t, v, _ = greater(ps["lp_aligned_knn"], ps["random_knn"], family=2)
+        rows.append(row(scale, "Ke et al. 2024",
                                 "the misaligned (random) head distorts the features: kNN quality of the "
-                         "backbone after fine-tuning", f"kNN on held-out val: LP-aligned {_pct(ps['lp_aligned_knn'])}, "
-                         f"random {_pct(ps['random_knn'])}, zero {_pct(ps['zero_knn'])} (start "
-                         f"{_pct([c[0]['knn'] for c in ps['random_knn_curve']])})", f"LP-aligned > random: {t}", v,
+                         "backbone after fine-tuning", f"kNN on held-out val: LP-aligned {pct(ps['lp_aligned_knn'])}, "
+                         f"random {pct(ps['random_knn'])}, zero {pct(ps['zero_knn'])} (start "
+                         f"{pct([c[0]['knn'] for c in ps['random_knn_curve']])})", f"LP-aligned > random: {t}", v,
                          cmd))
-        t, v, _ = _test(ps["selected_acc"], ps["random_acc"])
-        rows.append(_row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data beats "
+        t, v, _ = greater(ps["selected_acc"], ps["random_acc"])
+        rows.append(row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data beats "
                          "DP-FFT",
-                         f"selected {', '.join(ps['selected_split'])}: {_pct(ps['selected_acc'])} vs FFT "
-                         f"{_pct(ps['random_acc'])}", f"{t} (selection on val: no test-set correction needed)", v,
+                         f"selected {', '.join(ps['selected_split'])}: {pct(ps['selected_acc'])} vs FFT "
+                         f"{pct(ps['random_acc'])}", f"{t} (selection on val: no test-set correction needed)", v,
                          cmd))
     return rows
 
 
 def ganesh_rows(scale: str) -> list[str]:
-    g = _arm(scale, "ganesh")
+    g = arm_result(scale, "ganesh")
     if not g:
         return []
     ps, cmd = g["per_seed"], arms_cmd("ganesh", scale)
     top = max(g["budgets"])
-    t, v, _ = _test(ps[f"public{top}_acc"], ps["public0_acc"])
-    rows = [_row(scale, "Ganesh et al. 2023", "public pre-training is necessary: DP accuracy grows with public steps",
-                 "; ".join(f"{k}: {_pct(ps[f'public{k}_acc'])}" for k in g["budgets"]),
+    t, v, _ = greater(ps[f"public{top}_acc"], ps["public0_acc"])
+    rows = [row(scale, "Ganesh et al. 2023", "public pre-training is necessary: DP accuracy grows with public steps",
+                 "; ".join(f"{k}: {pct(ps[f'public{k}_acc'])}" for k in g["budgets"]),
                  f"{top} public steps > 0: {t}", v, cmd)]
-    t, v, _ = _test(ps["barrier_random"], ps["barrier_same_public"], scale=1, fmt="+.3f")
-    rows.append(_row(scale, "Ganesh et al. 2023",
+    t, v, _ = greater(ps["barrier_random"], ps["barrier_same_public"], scale=1, fmt="+.3f")
+    rows.append(row(scale, "Ganesh et al. 2023",
                             "one basin: the loss barrier between two DP runs from one public init is "
                      "smaller than between DP runs from random inits",
                      f"barrier (private train loss): same public init {fmt_mean_sd(ps['barrier_same_public'], '.3f')}, "
                      f"random inits {fmt_mean_sd(ps['barrier_random'], '.3f')}", f"random > same: {t}", v, cmd))
     return rows
-
-VIT_EPS = (("eps1", "1"), ("eps3", "3"), ("eps8", "8"), ("epsinf", "∞"))
-R2_BAR = 0.9
-
-
-def _bound(values: list[float]) -> tuple[float, float, float]:
-    """(mean, lower, upper) 95 % t-interval of the mean over seeds (nan bounds below 2 values)."""
-    from scipy import stats
-
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    if len(v) < 2:
-        return (v[0] if v else math.nan), math.nan, math.nan
-    m, sd = statistics.mean(v), statistics.stdev(v)
-    h = stats.t.ppf(0.975, len(v) - 1) * sd / math.sqrt(len(v))
-    return m, m - h, m + h
-
-
-def _law_verdict(values: list[float]) -> str:
-    _, lo, hi = _bound(values)
-    return "reproduced" if lo > R2_BAR else "not reproduced" if hi < R2_BAR else "inconclusive"
-
-
-def _holm_rows(pairs: list[tuple[str, Any]]) -> tuple[str, str]:
-    """(test text, verdict) of per-ε Welch tests under Holm's correction: reproduced if any corrected test rejects in
-    the paper's direction, not reproduced if all reject against it."""
-    ok = [(t, r) for t, r in pairs if r is not None]
-    if not ok:
-        return "too few seeds for a test", "inconclusive"
-    adj = holm([r.p for _, r in ok])
-    vs = [verdict(diff=r.diff, p=p) for (_, r), p in zip(ok, adj)]
-    v = ("reproduced" if "reproduced" in vs else "not reproduced" if all(x == "not reproduced" for x in vs)
-         else "inconclusive")
-    return f"Welch per ε, Holm over {len(ok)}: " + ", ".join(f"ε={t} p = {p:.3f}" for (t, _), p in zip(ok, adj)), v
-
-
-def vit_rows(scale: str) -> list[str]:
-    """The representation law on a 12-block ViT (per-block fuzziness D and prediction residual, 12-point fits)."""
-    a = _arm(scale, "vit")
-    if not a:
-        return []
-    ps, cmd = a["per_seed"], arms_cmd("vit", scale)
-    paper, rows = "representation law (DP fine-tuned ViTs)", []
-    eps = [(e, t) for e, t in VIT_EPS if e in a["epsilons"]]  # merged (seed, ε) parts keep the ε every seed has
-    what = (f"{a['blocks']}-block ViT (width {a['vit_kwargs'].get('embed_dim')}), {a['steps']} fine-tuning steps, "
-            f"{len(a['seeds'])} seeds, {a['probe_images']} held-out images; pre-trained model "
-            f"{_pct(ps['pretrain_acc'])}")
-    for key, label in (("D", "fuzziness D"), ("res", "prediction residual")):
-        r2 = {e: ps[f"{e}_tuned_r2_{key}"] for e, _ in eps}
-        rho = {e: ps[f"{e}_tuned_rho_{key}"] for e, _ in eps}
-        vs = [_law_verdict(r2[e]) for e, _ in eps]
-        rows.append(_row(scale, paper, f"per-block {label} decays geometrically over the blocks (tuned models, every "
-                         "ε)", f"{what}. By ε: " + "; ".join(f"ε={t}: R² {fmt_mean_sd(r2[e], '.2f')}, ρ "
-                                                             f"{fmt_mean_sd(rho[e], '.3f')}" for e, t in eps),
-                         f"95 % t-interval of the mean R² against {R2_BAR}, per ε: {', '.join(vs)}",
-                         vs[0] if len(set(vs)) == 1 else "inconclusive", cmd))
-    test, v = _holm_rows([(t, welch(ps[f"{e}_tuned_r2_D"], ps[f"{e}_untuned_r2_D"])) for e, t in eps])
-    rows.append(_row(scale, paper, "tuned hyper-parameters make the law hold better (R² of the D fit, tuned > "
-                     "untuned)", "; ".join(f"ε={t}: {fmt_mean_sd(ps[f'{e}_tuned_r2_D'], '.2f')} vs "
-                                         f"{fmt_mean_sd(ps[f'{e}_untuned_r2_D'], '.2f')}" for e, t in eps),
-                     test, v, cmd))
-    t, v, _ = ((_test(ps["eps1_tuned_rho_D"], ps["epsinf_tuned_rho_D"], scale=1, fmt="+.3f"))
-               if {"eps1", "epsinf"} <= set(a["epsilons"]) else ("ε = 1 or ∞ not measured", "inconclusive", 0))
-    rows.append(_row(scale, paper, "stronger privacy slows the separation across blocks (ρ of D at ε = 1 > non-DP)",
-                     f"ρ: ε=1 {fmt_mean_sd(ps['eps1_tuned_rho_D'], '.3f')}, ε=∞ "
-                     f"{fmt_mean_sd(ps['epsinf_tuned_rho_D'], '.3f')}", f"ε=1 > ε=∞: {t}", v, cmd))
-    test, v = _holm_rows([(t, welch(ps[f"{e}_tuned_acc"], ps[f"{e}_untuned_acc"])) for e, t in eps])
-    rows.append(_row(scale, paper, "tuning (learning rate searched on public data, no privacy cost) improves "
-                     "fine-tuning accuracy", "; ".join(f"ε={t}: {_pct(ps[f'{e}_tuned_acc'])} vs "
-                                                       f"{_pct(ps[f'{e}_untuned_acc'])}" for e, t in eps),
-                     test, v, cmd))
-    return rows
-
 
 SECTIONS = (continual_rows, bu_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
 SCALES = ("gpu_full", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
@@ -444,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             got = fn(sc)
             if got:
                 rows += got
-                arm = next((a for a in (_arm(sc, n) for n in ("continual", "trace", "ke", "ganesh", "vit")) if a), None)
+                arm = next((a for a in (arm_result(sc, n) for n in ("continual", "trace", "ke", "ganesh", "vit"))
+                            if a), None)
                 if arm:
                     settings[sc] = arm.get("scale_settings", {})
                 if fn is not continual_rows:  # the configs' runs: every scale that has them (the GPU sweep and the

@@ -31,8 +31,11 @@ def _table(acc: dict[tuple[str, int], tuple[float, float]], seeds: int) -> str:
 
 @pytest.fixture
 def out(tmp_path, monkeypatch):
+    import _seed_rows
+
     monkeypatch.setattr(seed_findings, "OUT", tmp_path)
-    monkeypatch.setattr(seed_findings, "ROOT", tmp_path)
+    for name in ("OUT", "ROOT"):  # where the arms' results are read
+        monkeypatch.setattr(_seed_rows, name, tmp_path)
     monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: {})  # no run directories: the table's numbers
     return tmp_path
 
