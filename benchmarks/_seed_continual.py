@@ -19,11 +19,10 @@ ARMS = (("nondp", "non-DP (same steps)"), ("scratch", "DP from scratch"), ("cont
         ("continual-dec", "DP continual pre-training, decelerator rule"))
 
 
-
-
 def _left(size: int, dropped) -> str:
     """", leaving N" when ``dropped`` is a count."""
     return f", leaving {size - dropped}" if isinstance(dropped, int) else ""
+
 
 def _augment_words(aug) -> str:
     """The training augmentation in words, or nothing when there is none."""
@@ -33,6 +32,7 @@ def _augment_words(aug) -> str:
         return ""
     return (f" Every phase trains on {' and '.join(parts)} (one clipped gradient per example under DP, so the "
             f"accounting is unchanged).")
+
 
 def _phase_steps(m: dict, dp: bool) -> int:
     return sum(p["steps"] for p in m["privacy"]["phases"] if p["dp"] == dp and (dp or p["name"] == "public"))

@@ -28,6 +28,7 @@ from _seed_text import IN_WORDS, LEFT_OUT, SCALE_NOTE  # noqa: E402
 from _seed_law import R2_BAR, vit_rows  # noqa: E402,F401 - R2_BAR: the law's bar, read by the tests
 from _seed_rows import GPU_RUNS_CMD, RUNS_CMD, arm_result, arms_cmd, greater, pct, row  # noqa: E402
 
+
 def continual_rows(scale: str) -> list[str]:
     from _seed_runs import SCALES as RUN_SCALES
 
@@ -309,6 +310,7 @@ def ganesh_rows(scale: str) -> list[str]:
                      f"barrier (private train loss): same public init {fmt_mean_sd(ps['barrier_same_public'], '.3f')}, "
                      f"random inits {fmt_mean_sd(ps['barrier_random'], '.3f')}", f"random > same: {t}", v, cmd))
     return rows
+
 
 SECTIONS = (continual_rows, bu_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
 SCALES = ("gpu_full", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
