@@ -108,8 +108,11 @@ LEFT_OUT = [
     "**Still short of the issue.** The ViT rows come from a 614k-parameter, 47 % ViT on a CPU. That is a real model"
     " and no longer chance, as the previous CPU run was (a 32-wide ViT on 1,800 images). But it is not a ViT-Tiny "
     "at GPU scale: the `gpu_vit` jobs were stopped at a lease's deadline, and the next lease (15 minutes) went to "
-    "`gpu_full`. The geometric law on the 3-block CNN (`transfer.md`) is inconclusive as well: 3 points per fit "
-    "leave 1 residual degree of freedom. The non-DP baseline above 60 % is met by the `gpu_full` continual config "
-    "(64.3 %), but the arms (σ = 0, plateau, membership, tr(H), Ke, Ganesh) and the decelerator-rule runs have not "
-    "run at that size: their rows are from `cpu_hour`, where non-DP is 33-37 %.",
+    "`gpu_full`. The `gpu_full_vit` scale is ready for the next one: ViT-Tiny's 192 × 3 × 12 on 8×8 patches, 5 "
+    "seeds, DP steps by book-keeping, which on this CPU makes the ViT's DP step 6.4 times cheaper than Opacus hooks"
+    " (1.25 s vs 8.0 s at batch 256), about a ResNet-20 DP step; its pre-training reached 42.6 % in a CPU probe "
+    "(`benchmarks/seed_arms.py`). The geometric law on the 3-block CNN (`transfer.md`) is inconclusive as well: 3 "
+    "points per fit leave 1 residual degree of freedom. The non-DP baseline above 60 % is met by the `gpu_full` "
+    "continual config (64.3 %), but the arms (σ = 0, plateau, membership, tr(H), Ke, Ganesh) and the "
+    "decelerator-rule runs have not run at that size: their rows are from `cpu_hour`, where non-DP is 33-37 %.",
 ]

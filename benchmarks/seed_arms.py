@@ -81,16 +81,19 @@ SCALES["gpu_full"] = SCALES["full"].with_(name="gpu_full", root=".device_data/ci
 # the ViT arm for one 15-minute lease at gpu_full's data: ViT-Tiny's width, heads and depth (192, 3, 12; 5.4M
 # parameters) on 8×8 patches (17 tokens, as `cpu_hour_vit`), pre-trained 2,000 steps of batch 256 on 18,000 public
 # CIFAR-10 images with crops and flips (2,000 more are the search's parts), then per (ε, tuned/untuned) 300 steps on
-# the 20,000 private images; a 3-trial × 50-step search on public data; 5 seeds, 1,000 probe images. About 11,000
-# DP steps and 10,000 non-DP ones in all, sized from ResNet-20's ~20 ms of GPU time per DP step on the H100/H200
-# leases: this ViT has 2.2× its forward FLOPs (182 vs 81 MFLOP per image, torch's flop counter) in larger matrix
-# products but 20× its parameters to take per-sample gradients of, so 1-3× its step is the guess; not yet run on a
-# GPU. `seed_gpu.py run --scale gpu_full --arms vit` runs it as 20 (seed, ε) jobs that share each seed's
-# pre-training (`vit.cached_pretrain`)
+# the 20,000 private images; a 3-trial × 50-step search on public data; 5 seeds, 1,000 probe images; DP steps by
+# book-keeping (`grad_sample_mode: bk`, the same clipped sums as per-example gradients). About 11,000 DP steps and
+# 10,000 non-DP ones in all. Measured on this 2-core CPU (2 threads, batch 256): the ViT's DP step takes 8.0 s with
+# Opacus hooks, 1.25 s with bk (ghost clipping 1.96 s), its non-DP step 0.84 s; ResNet-20's DP step (hooks) 1.19 s,
+# non-DP 0.25 s. So with bk a ViT DP step costs about what a ResNet-20 one does, ~20 ms of GPU time on the H100/H200
+# leases: ~4 minutes of DP steps plus the pre-training, if 8-12 processes keep the GPU busy as they did. Pre-training
+# probe on this CPU (seed 0, 2,000 steps, 29 min): 42.6 % on 2,000 test images. Not yet run on a GPU; `seed_gpu.py
+# run --scale gpu_full --arms vit --no-runs` runs it as 20 (seed, ε) jobs sharing each seed's pre-training
+# (`vit.cached_pretrain`)
 SCALES["gpu_full_vit"] = SCALES["gpu_full"].with_(
     name="gpu_full_vit", steps=300, source_steps=2000, vit_public=20000, vit_tune_fraction=0.1,
     vit_kwargs={"embed_dim": 192, "num_heads": 3, "depth": 12, "patch_size": 8}, vit_lr=1e-3,
-    vit_pretrain_augment=True, vit_trials=3, vit_trial_steps=50, vit_probe_images=1000)
+    vit_pretrain_augment=True, vit_trials=3, vit_trial_steps=50, vit_probe_images=1000, grad_sample_mode="bk")
 # the ViT arm as it fitted the last ~10 minutes of a 30-minute H100 lease: 3 seeds, 500 fine-tuning steps per
 # (ε, tuned/untuned), a 96-wide 12-block ViT pre-trained for 1,000 steps on the 1,600 public pre-training images
 SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=1000, seeds=(0, 1, 2),

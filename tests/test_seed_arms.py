@@ -178,3 +178,22 @@ def test_scale_augmentation_reaches_every_phase_and_changes_training():
 
     a, b, plain = weights(aug), weights(aug), weights(TINY)
     assert torch.equal(a, b) and not torch.allclose(a, plain)
+
+
+def test_grad_sample_mode_reaches_the_dp_phases_and_bk_trains_the_hooks_model(data):
+    """``ArmScale.grad_sample_mode`` sets the DP phases' mode (non-DP phases have none); bk's clipped sums equal
+    the per-example ones, so the same seed trains the same weights (the noise draws are shared)."""
+    bk = TINY.with_(grad_sample_mode="bk", clip=0.05)  # a small clip: every example is clipped
+    spec = phase("private", data.private, scale=bk, steps=3, sigma=1.0, seed=0, index=0)
+    assert spec.privacy.grad_sample_mode == "bk"
+    assert phase("p", data.public, scale=bk, steps=3, sigma=None, seed=0, index=0).privacy.enabled is False
+    weights = {}
+    for mode in ("hooks", "bk"):
+        sc = TINY.with_(grad_sample_mode=mode, clip=0.05)
+        model = train(build(sc, data, seed=0), [phase("private", data.private, scale=sc, steps=3, sigma=1.0, seed=0,
+                                                      index=0)], seed=0)
+        weights[mode] = [p.detach().clone() for p in model.parameters()]
+    start = [p.detach() for p in build(TINY, data, seed=0).parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(weights["hooks"], start))  # it trained
+    for a, b in zip(weights["hooks"], weights["bk"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
