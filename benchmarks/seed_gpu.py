@@ -23,7 +23,22 @@ and keeps nothing. So:
   ``unpack`` puts a pack's JSON back under ``results/``.
 
 Here, afterwards: ``python benchmarks/seed_arms.py merge ARM... --scale SCALE``, ``python benchmarks/seed_papers.py
-tables --scale gpu`` and ``python benchmarks/seed_findings.py``."""
+tables --scale gpu`` and ``python benchmarks/seed_findings.py``.
+
+One lease as it ran (2026-11-26, H200, the ``gpu_full`` continual config): here ``prepare --jpeg`` and the wheels of
+opacus, dp-accounting, dm-tree and pydantic (+ pydantic-core, annotated-types, typing-inspection,
+typing-extensions) in ``.whl/``, both git-ignored; the device tool's ``run`` with ``carry`` = ``.whl``,
+``.device_data/cifar10.jpeg.npz`` and ``results/sigma-cache`` and the command::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+    python3 benchmarks/seed_gpu.py decode
+    python3 benchmarks/seed_gpu.py run --scale gpu_full --arms --variants nondp sw0 sw1 sw2 sw3 sw4 \
+        --first nondp --workers 12 --soft 330 --hard 530
+    python3 benchmarks/seed_gpu.py pack $OUT/gpu_full.tgz
+
+24 of 30 runs finished in the 500 s command; the same ``run`` line with ``--soft 60 --hard 255`` on the still-warm
+machine finished the other 6 (finished runs are skipped). A machine that is given back keeps nothing: carry the
+pack's run directories back in, or start the queue again."""
 
 from __future__ import annotations
 
