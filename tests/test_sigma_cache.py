@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -57,3 +58,32 @@ def test_a_tampered_entry_is_recomputed(tmp_path, monkeypatch):
     assert len(calls) == 1
     entry.write_text("not json")
     assert noise_multiplier_for(**ARGS) == good
+
+
+def _hold(path, events, log, name, hold):
+    from training.io import waiting_lock
+
+    with waiting_lock(path):
+        events.set()
+        with open(log, "a") as fh:
+            fh.write(f"{name}-in\n")
+        time.sleep(hold)
+        with open(log, "a") as fh:
+            fh.write(f"{name}-out\n")
+
+
+def test_waiting_lock_makes_a_second_process_wait(tmp_path):
+    """The lock both on-disk caches use (σ here, the ViT arm's pre-trained weights): a process asking for a held
+    lock waits for its release instead of entering beside the holder."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    lock, log, held = tmp_path / "x.lock", tmp_path / "log", ctx.Event()
+    first = ctx.Process(target=_hold, args=(lock, held, log, "a", 1.0))
+    first.start()
+    assert held.wait(30)
+    second = ctx.Process(target=_hold, args=(lock, ctx.Event(), log, "b", 0.0))
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert log.read_text().split() == ["a-in", "a-out", "b-in", "b-out"]

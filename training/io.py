@@ -21,6 +21,7 @@ from training.errors import CheckpointError
 
 __all__ = [
     "atomic_path",
+    "waiting_lock",
     "write_text",
     "write_json",
     "read_json",
@@ -57,6 +58,33 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def waiting_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created when missing) for the block; another process asking
+    for the same lock waits until it is released. For caches that several processes fill at once (compute once,
+    the others read the result). Where POSIX ``flock`` is missing the block runs unlocked: the callers' results
+    are then merely computed more than once. Unlike :func:`training.run.lock.run_lock` it waits instead of
+    refusing, and leaves the (empty) file behind.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d, waiting_lock(Path(d) / "x.lock"):
+    ...     pass
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -216,18 +216,11 @@ def cached_pretrain(cache: str | Path | None, key: dict[str, Any], make: Callabl
     stored key differs, or that does not load, is trained again and replaced. No cache: plain pre-training."""
     if cache is None:
         return pretrain(make())
-    from training.io import load_safetensors, save_safetensors
+    from training.io import load_safetensors, save_safetensors, waiting_lock
 
     text = json.dumps(key, sort_keys=True)
     path = Path(cache) / f"vit-pretrained-{hashlib.sha256(text.encode()).hexdigest()[:24]}.safetensors"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except ImportError:  # no POSIX locks: concurrent jobs may each pre-train (same result, more time)
-            pass
+    with waiting_lock(path.with_suffix(".lock")):
         if path.is_file():
             from safetensors import safe_open
 

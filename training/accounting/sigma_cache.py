@@ -20,13 +20,14 @@ Without the variable nothing is read or written.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from training.io import waiting_lock
 
 __all__ = ["SIGMA_CACHE_ENV", "cached_sigma", "cache_dir"]
 
@@ -46,19 +47,15 @@ def cached_sigma(directory: str | os.PathLike, key: dict[str, Any], compute: Cal
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"sigma-{digest}.json"
-    with open(root / f"sigma-{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            got = _read(path, ident)
-            if got is not None:
-                return got
-            sigma = float(compute())
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"key": ident, "sigma": sigma}, sort_keys=True))
-            os.replace(tmp, path)
-            return sigma
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with waiting_lock(root / f"sigma-{digest}.lock"):
+        got = _read(path, ident)
+        if got is not None:
+            return got
+        sigma = float(compute())
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": ident, "sigma": sigma}, sort_keys=True))
+        os.replace(tmp, path)
+        return sigma
 
 
 def _read(path: Path, ident: dict[str, Any]) -> float | None:
