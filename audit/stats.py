@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ALPHA", "mean_sd", "fmt_mean_sd", "pooled_sd", "WelchResult", "welch", "welch_from_summary", "holm",
-           "bonferroni", "verdict", "mean_ci", "ChanceResult", "chance_test", "LinearFit", "linear_fit"]
+__all__ = ["ALPHA", "mean_sd", "fmt_mean_sd", "fmt_p", "pooled_sd", "WelchResult", "welch", "welch_from_summary",
+           "holm", "bonferroni", "verdict", "mean_ci", "ChanceResult", "chance_test", "LinearFit", "linear_fit"]
 
 #: the significance level of every verdict in the seed-paper tables
 ALPHA = 0.05
@@ -60,6 +60,17 @@ def fmt_mean_sd(values: Sequence[float | None], fmt: str = ".1f", scale: float =
     if n == 1:
         return f"{m:{fmt}} (n=1)"
     return f"{m:{fmt}} ± {s:{fmt}}"
+
+
+def fmt_p(p: float, *, digits: int = 3) -> str:
+    """A p-value as ``"p = 0.012"``, or ``"p < 0.001"`` where ``digits`` decimals would round it to zero (a
+    p-value is never 0).
+
+    >>> fmt_p(0.0123), fmt_p(0.00004), fmt_p(0.0005), fmt_p(float("nan"))
+    ('p = 0.012', 'p < 0.001', 'p = 0.001', 'p = nan')
+    """
+    floor = 10.0 ** -digits
+    return f"p < {floor:.{digits}f}" if p < floor / 2 else f"p = {p:.{digits}f}"
 
 
 def pooled_sd(*groups: Sequence[float]) -> float:
@@ -94,7 +105,7 @@ class WelchResult:
 
     def describe(self, scale: float = 1.0, fmt: str = ".1f") -> str:
         """``"Welch t = .., df = .., two-sided p = .., 95 % CI of the difference [.., ..], n = a vs b"``."""
-        return (f"Welch t = {self.t:.2f}, df = {self.df:.1f}, two-sided p = {self.p:.3f}, 95 % CI of the difference "
+        return (f"Welch t = {self.t:.2f}, df = {self.df:.1f}, two-sided {fmt_p(self.p)}, 95 % CI of the difference "
                 f"[{self.ci_low * scale:{fmt}}, {self.ci_high * scale:{fmt}}], n = {self.n_a} vs {self.n_b}")
 
 

@@ -12,7 +12,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from audit.stats import fmt_mean_sd, holm, mean_sd, pooled_sd, verdict, welch
+from audit.stats import fmt_mean_sd, fmt_p, holm, mean_sd, pooled_sd, verdict, welch
 from _seed_runs import CONFIGS, SCALES, closing, groups, hist, remake, scale_config
 
 ARMS = (("nondp", "non-DP (same steps)"), ("scratch", "DP from scratch"), ("continual", "DP continual pre-training"),
@@ -86,8 +86,8 @@ def table_continual(scale: str = "cpu") -> str | None:
               "continual-dec": "the decelerator-rule switch > scratch"}
     for (k, r), p_h in zip(tests, adj):
         findings.append(f"- {dict(ARMS)[k]} minus DP from scratch: {100 * r.diff:+.1f} points (pooled SD "
-                        f"{100 * pooled_sd(accs[k], accs['scratch']):.1f}; {r.describe(100)}; Holm-corrected p = "
-                        f"{p_h:.3f}): '{claims[k]}' — **{verdict(diff=r.diff, p=p_h)}**.")
+                        f"{100 * pooled_sd(accs[k], accs['scratch']):.1f}; {r.describe(100)}; Holm-corrected "
+                        f"{fmt_p(p_h)}): '{claims[k]}' — **{verdict(diff=r.diff, p=p_h)}**.")
     if "nondp" in accs and "scratch" in accs:
         gaps = ", ".join(f"{100 * (statistics.mean(accs['nondp']) - statistics.mean(accs[k])):.1f} points "
                          f"({dict(ARMS)[k]})" for k in ("scratch", "continual") if k in accs)

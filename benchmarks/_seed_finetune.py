@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from audit.stats import chance_test, fmt_mean_sd, holm, verdict, welch
+from audit.stats import chance_test, fmt_mean_sd, fmt_p, holm, verdict, welch
 from _seed_runs import ROOT, SCALES, closing, groups, read_run, remake, scale_config
 
 STRATEGIES = (("lp", "DP-LP (head only)"), ("fft", "DP-FFT (all parameters)"),
@@ -46,7 +46,7 @@ def _family(acc: dict[str, list[float]], other: str, claim: str, eps: int) -> li
     lines = []
     for (k, r), p_h in zip(tests, adj):
         lines.append(f"  ε = {eps}, {k[5:]} % to LP, minus {dict(STRATEGIES)[other]}: {100 * r.diff:+.1f} points "
-                     f"({r.describe(100)}; Holm over {len(tests)} splits: p = {p_h:.3f}) — '{claim}' "
+                     f"({r.describe(100)}; Holm over {len(tests)} splits: {fmt_p(p_h)}) — '{claim}' "
                      f"**{verdict(diff=r.diff, p=p_h)}**.")
     return lines
 

@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Any
 
-from audit.stats import fmt_mean_sd, holm, verdict, welch
+from audit.stats import fmt_mean_sd, fmt_p, holm, verdict, welch
 from _seed_rows import arm_result, arms_cmd, greater, pct, row
 
 VIT_EPS = (("eps1", "1"), ("eps3", "3"), ("eps8", "8"), ("epsinf", "∞"))
@@ -41,7 +41,7 @@ def _holm_rows(pairs: list[tuple[str, Any]]) -> tuple[str, str]:
     vs = [verdict(diff=r.diff, p=p) for (_, r), p in zip(ok, adj)]
     v = ("reproduced" if "reproduced" in vs else "not reproduced" if all(x == "not reproduced" for x in vs)
          else "inconclusive")
-    return f"Welch per ε, Holm over {len(ok)}: " + ", ".join(f"ε={t} p = {p:.3f}" for (t, _), p in zip(ok, adj)), v
+    return f"Welch per ε, Holm over {len(ok)}: " + ", ".join(f"ε={t} {fmt_p(p)}" for (t, _), p in zip(ok, adj)), v
 
 
 def vit_rows(scale: str) -> list[str]:

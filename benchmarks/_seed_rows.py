@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from audit.stats import fmt_mean_sd, verdict, welch
+from audit.stats import fmt_mean_sd, fmt_p, verdict, welch
 from _seed_runs import OUT, ROOT
 
 ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
@@ -42,8 +42,8 @@ def greater(a: list[float], b: list[float], *, family: int = 1, scale: float = 1
     if r is None:
         return "too few seeds for a test", "inconclusive", math.nan
     p = min(1.0, r.p * family)
-    corr = f", Bonferroni ×{family}: p = {p:.3f}" if family > 1 else ""
-    return (f"Welch: diff {r.diff * scale:{fmt}}, p = {r.p:.3f}{corr}, n = {r.n_a}/{r.n_b}",
+    corr = f", Bonferroni ×{family}: {fmt_p(p)}" if family > 1 else ""
+    return (f"Welch: diff {r.diff * scale:{fmt}}, {fmt_p(r.p)}{corr}, n = {r.n_a}/{r.n_b}",
             verdict(diff=r.diff, p=p), p)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from audit.stats import chance_test, fmt_mean_sd, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
+from audit.stats import chance_test, fmt_mean_sd, fmt_p, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
 from _seed_continual import peak_and_fall, sweep_points  # noqa: E402
 from _seed_runs import OUT, groups, hist  # noqa: E402
 from _seed_text import IN_WORDS, LEFT_OUT, SCALE_NOTE  # noqa: E402
@@ -43,7 +43,7 @@ def continual_rows(scale: str) -> list[str]:
     adj = holm([r.p for _, r in tests if r is not None])
     for (k, r), p in zip([t for t in tests if t[1] is not None], adj):
         what = "continual (fixed switch)" if k == "continual" else "continual (decelerator rule)"
-        test, v = f"Welch p = {r.p:.3f}, Holm ×{len(adj)}: p = {p:.3f}", verdict(diff=r.diff, p=p)
+        test, v = f"Welch {fmt_p(r.p)}, Holm ×{len(adj)}: {fmt_p(p)}", verdict(diff=r.diff, p=p)
         if k == "continual-dec" and all(x["continual"]["switch_reason"] == "max_public_steps" for _, _, x in g[k]):
             test += ("; the rule never fired (σ²·tr(H)/(B·c²) stayed above its threshold): a fixed switch at its "
                      "cap, so this says more public steps helped, not that the rule chose well")
@@ -76,7 +76,7 @@ def continual_rows(scale: str) -> list[str]:
             paired = _paired_holm({s: dict(zip(_seeds(g, k), acc[k])) for s, k in sweep}, 0)
             rows.append(row(scale, "Bu et al. 2024", "some public steps before DP beat none (switch-point sweep, "
                              "equal total steps, σ by PLD)", measured, f"each k > 0 vs 0 by Welch, Holm over "
-                             f"{len(res)}: best k = {res[i][0]}, p = {adj[i]:.3f}{paired}",
+                             f"{len(res)}: best k = {res[i][0]}, {fmt_p(adj[i])}{paired}",
                              verdict(diff=res[i][1].diff, p=adj[i]), cmd))
         if "continual-dec" in g:
             sw = [x["continual"]["switch_step"] for _, _, x in g["continual-dec"]]
@@ -142,7 +142,7 @@ def _paired_holm(by_point: dict[int, dict[int, float]], base: int) -> str:
         return ""
     adj = holm([p for _, _, p in res])
     return ("; secondary (paired by seed, descriptive): " + ", ".join(
-        f"{k}: {100 * d:+.1f} points, Holm p = {p:.3f}" for (k, d, _), p in zip(res, adj)))
+        f"{k}: {100 * d:+.1f} points, Holm {fmt_p(p)}" for (k, d, _), p in zip(res, adj)))
 
 
 def bu_arm_rows(scale: str) -> list[str]:
@@ -262,7 +262,7 @@ def finetune_table_rows(scale: str) -> list[str]:
             rows.append(row(scale, "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies table, {steps} steps)",
                              f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k in SPLITS)} % vs "
                              f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, {seeds} seeds.{near}",
-                             f"Welch per split on {source}, Holm over 3 splits: p = {adj[i]:.3f} for the largest "
+                             f"Welch per split on {source}, Holm over 3 splits: {fmt_p(adj[i])} for the largest "
                              f"difference ({SPLITS[i][5:]} % to LP)", v, cmd))
     return rows
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import seed_findings  # noqa: E402
 
-from audit.stats import holm, welch_from_summary  # noqa: E402
+from audit.stats import fmt_p, holm, welch_from_summary  # noqa: E402
 
 _LABELS = {"lp": "DP-LP (head only)", "fft": "DP-FFT (all parameters)", "lpfft25": "DP-LP-FFT, LP gets 25 % of ε",
            "lpfft50": "DP-LP-FFT, LP gets 50 % of ε", "lpfft75": "DP-LP-FFT, LP gets 75 % of ε"}
@@ -51,7 +51,7 @@ def test_budget_split_rows_use_the_tables_seed_count_and_holm(out):
     for row, other, want in ((rows[0], "fft", "reproduced"), (rows[1], "lp", "not reproduced")):
         ps = holm([welch_from_summary(*acc[(k, 8)], 5, *acc[(other, 8)], 5).p for k in ("lpfft25", "lpfft50",
                                                                                           "lpfft75")])
-        assert f"p = {ps[0]:.3f} for the largest difference" in row and f"**{want}**" in row
+        assert f"{fmt_p(ps[0])} for the largest difference" in row and f"**{want}**" in row
     # the same numbers from 2 seeds each are too few to reject anything
     (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=2))
     assert all("**inconclusive**" in r for r in seed_findings.finetune_table_rows("cpu_hour")[:1])
@@ -71,7 +71,7 @@ def test_budget_split_rows_test_the_per_seed_runs_when_they_are_here(out, monkey
 
     ps = holm([welch(raw[(k, 8)], raw[("fft", 8)]).p for k in ("lpfft25", "lpfft50", "lpfft75")])
     row = seed_findings.finetune_table_rows("cpu_hour")[0]
-    assert "on the per-seed runs" in row and f"p = {ps[0]:.3f} for the largest difference (25 % to LP)" in row
+    assert "on the per-seed runs" in row and f"{fmt_p(ps[0])} for the largest difference (25 % to LP)" in row
     monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: {k: v[:4] for k, v in raw.items()})
     assert "on the table's rounded mean ± SD" in seed_findings.finetune_table_rows("cpu_hour")[0]
 
