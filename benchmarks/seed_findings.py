@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from audit.stats import chance_test, fmt_mean_sd, fmt_p, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
 from _seed_continual import peak_and_fall, sweep_points  # noqa: E402
-from _seed_runs import OUT, groups, hist  # noqa: E402
+from _seed_runs import OUT, ROOT, groups, hist  # noqa: E402
 from _seed_text import IN_WORDS, LEFT_OUT, SCALE_NOTE  # noqa: E402
 from _seed_law import R2_BAR, vit_rows  # noqa: E402,F401 - R2_BAR: the law's bar, read by the tests
 from _seed_rows import GPU_RUNS_CMD, RUNS_CMD, arm_result, arms_cmd, greater, pct, row  # noqa: E402
@@ -323,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scales", nargs="+", default=list(SCALES),
                         help="for each group of claims, the first of these scales that has results is used")
     args = parser.parse_args(argv)
+    # the decelerator read-off calibrates σ for switch steps no run used: keep them in the runs' σ cache (as
+    # seed_gpu.py does) instead of recalibrating on every re-make
+    from training.accounting.sigma_cache import SIGMA_CACHE_ENV
+
+    os.environ.setdefault(SIGMA_CACHE_ENV, str(ROOT / "results/sigma-cache"))
     rows: list[str] = []
     settings: dict[str, dict] = {}
     for fn in SECTIONS:
