@@ -87,9 +87,10 @@ SCALES["gpu_full"] = SCALES["full"].with_(name="gpu_full", root=".device_data/ci
 # Opacus hooks, 1.25 s with bk (ghost clipping 1.96 s), its non-DP step 0.84 s; ResNet-20's DP step (hooks) 1.19 s,
 # non-DP 0.25 s. So with bk a ViT DP step costs about what a ResNet-20 one does, ~20 ms of GPU time on the H100/H200
 # leases: ~4 minutes of DP steps plus the pre-training, if 8-12 processes keep the GPU busy as they did. Pre-training
-# probe on this CPU (seed 0, 2,000 steps, 29 min): 42.6 % on 2,000 test images. Not yet run on a GPU; `seed_gpu.py
-# run --scale gpu_full --arms vit --no-runs` runs it as 20 (seed, ε) jobs sharing each seed's pre-training
-# (`vit.cached_pretrain`)
+# probe on this CPU (seed 0, 2,000 steps, 29 min): 42.6 % on 2,000 test images. `seed_gpu.py run --scale gpu_full
+# --arms vit --no-runs --workers 20` runs it as 20 (seed, ε) jobs sharing each seed's pre-training
+# (`vit.cached_pretrain`): on an H200 (2026-11-26) all 20 at once finished in 432 s (pre-training 44.8 ± 2.1 % on
+# the 10,000 test images; each DP fine-tuning run ~120 s, ~0.4 s a step with 20 processes sharing the GPU, 91 % busy)
 SCALES["gpu_full_vit"] = SCALES["gpu_full"].with_(
     name="gpu_full_vit", steps=300, source_steps=2000, vit_public=20000, vit_tune_fraction=0.1,
     vit_kwargs={"embed_dim": 192, "num_heads": 3, "depth": 12, "patch_size": 8}, vit_lr=1e-3,
@@ -142,6 +143,13 @@ def merge(name: str, scale_name: str) -> dict | None:
         out["epsilons"] = [e for e in out["epsilons"] if f"{e}_tuned_acc" in out["per_seed"]]
         out["sigmas"] = {e: out["sigmas"][e] for e in out["epsilons"]}
     out["scale_settings"] = {**parts[0]["scale_settings"], "seeds": out["seeds"]}
+    if "epsilons" in out:  # each (seed, ε) part ran at its one ε: the merged run's settings name the ε it kept
+        from audit.seed_arms.vit import eps_tag
+
+        kept = {float(e) for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json"))
+                for e in json.loads(p.read_text())["scale_settings"].get("vit_epsilons", [])
+                if eps_tag(float(e)) in out["epsilons"]}
+        out["scale_settings"]["vit_epsilons"] = sorted(kept)
     write_json(OUT / scale_name / f"{name}.json", out)
     return out
 

@@ -38,7 +38,17 @@ typing-extensions) in ``.whl/``, both git-ignored; the device tool's ``run`` wit
 
 24 of 30 runs finished in the 500 s command; the same ``run`` line with ``--soft 60 --hard 255`` on the still-warm
 machine finished the other 6 (finished runs are skipped). A machine that is given back keeps nothing: carry the
-pack's run directories back in, or start the queue again."""
+pack's run directories back in, or start the queue again.
+
+The ViT arm's lease (2026-11-26, H200): the same carry (timm is on the device already), σ for ε ∈ {1, 3, 8}
+calibrated here first (``results/sigma-cache``), and ``run --scale gpu_full --arms vit --no-runs --workers 20 --soft
+320 --hard 520``: all 20 (seed, ε) jobs at once (so every seed's pre-training starts at once), done in 432 s; here
+``python benchmarks/seed_arms.py merge vit --scale gpu_full_vit``.
+
+Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job stopped at
+``--hard`` returns nothing. A ``gpu_full`` continual run costs about 20 s of the whole GPU (110-130 s with 6 at a
+time, 230-270 s with 12), more with tr(H) checks: 15 at once (``continual-dec``, ``scratch``, ``continual``) under
+a 300 s hard deadline all ran past it and none came back. Start at most ``hard`` / 25 s such runs in one call."""
 
 from __future__ import annotations
 

@@ -144,11 +144,13 @@ def test_seed_and_epsilon_parts_merge_to_the_whole_run(tmp_path, monkeypatch):
             seed_arms.run_arm("vit", "tiny_parts", seed, e)
     merged = seed_arms.merge("vit", "tiny_parts")
     assert merged["seeds"] == [0, 1] and merged["epsilons"] == ["eps8", "epsinf"]
+    assert merged["scale_settings"]["vit_epsilons"] == [8.0, math.inf]  # the run's ε, not the first part's one
     assert merged["sigmas"] == whole["sigmas"] and set(merged["per_seed"]) == set(whole["per_seed"])
     for k in ("pretrain_acc", "eps8_tuned_acc", "eps8_untuned_r2_D", "epsinf_tuned_lr", "eps8_tuned_D"):
         assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(whole["per_seed"][k], float)), k
     (tmp_path / "tiny_parts" / "parts" / "vit.s1.epsinf.json").unlink()  # a seed missing an ε: only shared ε kept
-    assert seed_arms.merge("vit", "tiny_parts")["epsilons"] == ["eps8"]
+    again = seed_arms.merge("vit", "tiny_parts")
+    assert again["epsilons"] == ["eps8"] and again["scale_settings"]["vit_epsilons"] == [8.0]
 
 
 def test_pretraining_augmentation_is_seeded_and_reaches_only_the_public_phase(data):
