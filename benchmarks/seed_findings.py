@@ -96,6 +96,9 @@ def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]],
     Descriptive: the rule itself measures tr(H) on public images every ``eval_every`` steps, not on this grid."""
     from _seed_runs import SCALES as RUN_SCALES, scale_config
     from training.accounting import noise_multiplier_for
+    import dataclasses
+
+    from training.recipes.switch import Evaluation, rule_from_config
 
     cfg = scale_config("continual", RUN_SCALES[scale])
     tc, cc = cfg.training, cfg.training.continual
@@ -111,7 +114,11 @@ def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]],
                                      delta=delta, accountant=cfg.privacy.accountant)
         trace = statistics.mean(c[st] for c in nondp)
         vals.append((st, sigma, trace, sigma ** 2 * trace / (tc.batch_size * cfg.privacy.max_grad_norm ** 2)))
-    fired = next((st for st, _, _, d in vals if d < cc.decelerator_threshold), None)
+    # the decelerator rule as the runs build it (the base config's switch may be another kind), fed this grid
+    rule = dataclasses.replace(rule_from_config(cc), kind="decelerator")
+    evals = [Evaluation(step=st, value=d) for st, _, _, d in vals]
+    fired = next((st for i, (st, *_) in enumerate(vals) if rule.decide(step=st, evaluations=evals[:i + 1])
+                  == "decelerator"), None)
     where = (f"below the threshold {cc.decelerator_threshold:g} by step {fired} at the latest" if fired is not None
              else f"above the threshold {cc.decelerator_threshold:g} at every measured step up to the cap "
                   f"({cc.max_public_steps})")

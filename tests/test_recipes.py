@@ -71,6 +71,21 @@ def test_decelerator_rule_with_a_stubbed_trace():
     assert _first_switch(rule, values | {30: 0.0}) == (30, "max_public_steps")
 
 
+def test_decelerator_rule_ignores_negative_curvature_and_switches_on_zero_noise():
+    """tr(H) < 0 (as at initialisation: the gpu_full runs' held-out tr(H) is -6,502 at step 0) makes the decelerator
+    negative; that is not 'noise is harmless', so it must not switch. σ = 0 gives exactly 0: switch."""
+    from training.hessian import decelerator
+
+    traces = {5: -6502.0, 10: -40.0, 15: 300.0, 20: 10.0}
+    values = {s: decelerator(sigma=2.0, trace_h=t, batch_size=64, clip_norm=1.0) for s, t in traces.items()}
+    assert values[5] < 0 < 1.0 < values[15]
+    rule = SwitchRule(kind="decelerator", eval_every=5, threshold=1.0, max_public_steps=100)
+    assert _first_switch(rule, values) == (20, "decelerator")  # not at 5 or 10, where the value is negative
+    zero = {s: decelerator(sigma=0.0, trace_h=t, batch_size=64, clip_norm=1.0) for s, t in traces.items()}
+    assert math.copysign(1.0, zero[5]) == -1.0  # 0 × a negative trace is -0.0, which still counts as 0
+    assert _first_switch(rule, zero) == (5, "decelerator")
+
+
 def test_switch_rule_validation():
     with pytest.raises(ValueError, match="kind"):
         SwitchRule(kind="never", max_public_steps=1)

@@ -9,7 +9,10 @@ on the private data once the public phase has done what noise would spoil. Three
   consecutive evaluations (early stopping's criterion);
 * ``decelerator``: when σ²·tr(H)/(B·c²) (:func:`training.hessian.decelerator`, with the private phase's σ, B,
   c and tr(H) estimated on public data) falls below a threshold, i.e. when DP noise would no longer slow the
-  loss down much (Bu et al.'s argument: tr(H) falls early in training).
+  loss down much (Bu et al.'s argument: tr(H) falls early in training). A negative value (tr(H) < 0: the
+  weights sit where the loss curves down along most directions, as at a random initialisation) never switches:
+  there the second-order argument says noise *lowers* the loss, which is the quadratic model failing, not the
+  noise being harmless. A value of exactly 0 (σ = 0, nothing to decelerate) switches.
 
 Every rule also switches at ``max_public_steps``. The decision is a pure function of the step and the list of
 evaluations made so far, so a resumed run that restores that list decides exactly as the uninterrupted one.
@@ -100,7 +103,7 @@ class SwitchRule:
         max_public_steps: switch at this step whatever the rule says; ≥ 0.
         switch_steps: ``steps``: the number of public steps.
         patience, min_delta: ``plateau``: see :func:`plateau_reached`.
-        threshold: ``decelerator``: switch once the latest decelerator value is below it; > 0.
+        threshold: ``decelerator``: switch once the latest decelerator value is in [0, threshold); > 0.
         eval_every: how often (in public steps) the caller evaluates; ``plateau``/``decelerator`` only.
 
     Raises:
@@ -156,7 +159,7 @@ class SwitchRule:
             values = [e.value for e in evaluations]
             return "plateau" if plateau_reached(values, patience=self.patience, min_delta=self.min_delta) else None
         latest = evaluations[-1].value
-        return "decelerator" if math.isfinite(latest) and latest < self.threshold else None
+        return "decelerator" if math.isfinite(latest) and 0.0 <= latest < self.threshold else None
 
 
 def rule_from_config(cc) -> SwitchRule:
