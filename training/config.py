@@ -302,7 +302,8 @@ class ContinualConfig(Strict):
     plateau_patience: int = Field(3, gt=0)
     plateau_min_delta: float = Field(1e-3, ge=0.0)
     eval_every: int = Field(20, gt=0, description="public-validation / decelerator check interval")
-    decelerator_threshold: float = Field(1.0, gt=0.0)
+    decelerator_threshold: float = Field(1.0, gt=0.0, description="decelerator rule: switch once σ²·tr(H)/(B·c²) is "
+                                         "in [0, threshold); negative values (tr(H) < 0) never switch")
     public_lr: float | None = Field(None, gt=0.0, description="learning rate of the public phase (None: optim.lr)")
     public_batch_size: int | None = Field(None, gt=0, description="public phase batch size (None: training.batch_size)")
     count_public_steps: bool = Field(
