@@ -102,15 +102,28 @@ SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=
 OUT = ROOT / "results/seed_arms"
 
 
-def part_path(scale_name: str, name: str, seed: int, epsilon: float | None = None) -> Path:
-    """Where one seed of an arm is kept when seeds run as separate jobs (``run --seeds``); the ViT arm can split
-    further, one part per (seed, ε)."""
-    tag = "" if epsilon is None else "." + __import__("audit.seed_arms.vit", fromlist=["eps_tag"]).eps_tag(epsilon)
+#: arms whose seed can be split into independent parts, one job each (``seed_gpu.py``), and the ArmScale field a
+#: part narrows to its one value: the ViT arm per ε, the continual arm per training (σ = 0, plateau, ...)
+SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms"}
+
+
+def _tag(name: str, part) -> str:
+    if name == "vit":
+        from audit.seed_arms.vit import eps_tag
+
+        return eps_tag(float(part))
+    return str(part)
+
+
+def part_path(scale_name: str, name: str, seed: int, part=None) -> Path:
+    """Where one seed of an arm is kept when seeds run as separate jobs (``run --seeds``); an arm of
+    :data:`SPLITS` can split further, one part per (seed, ε) or (seed, training)."""
+    tag = "" if part is None else "." + _tag(name, part)
     return OUT / scale_name / "parts" / f"{name}.s{seed}{tag}.json"
 
 
 def _join_seed(parts: list[dict]) -> dict:
-    """The (seed, ε) parts of one seed as one part: ``per_seed`` keys united, ``epsilons``/``sigmas`` united."""
+    """The (seed, part) parts of one seed as one part: ``per_seed`` keys united, ``epsilons``/``sigmas`` united."""
     out = {**parts[0], "per_seed": {}, "epsilons": [], "sigmas": {},
            "wall_seconds": sum(p["wall_seconds"] for p in parts)}
     for p in parts:
@@ -143,19 +156,23 @@ def merge(name: str, scale_name: str) -> dict | None:
         out["epsilons"] = [e for e in out["epsilons"] if f"{e}_tuned_acc" in out["per_seed"]]
         out["sigmas"] = {e: out["sigmas"][e] for e in out["epsilons"]}
     out["scale_settings"] = {**parts[0]["scale_settings"], "seeds": out["seeds"]}
-    if "epsilons" in out:  # each (seed, ε) part ran at its one ε: the merged run's settings name the ε it kept
-        from audit.seed_arms.vit import eps_tag
-
-        kept = {float(e) for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json"))
-                for e in json.loads(p.read_text())["scale_settings"].get("vit_epsilons", [])
-                if eps_tag(float(e)) in out["epsilons"]}
-        out["scale_settings"]["vit_epsilons"] = sorted(kept)
+    if name in SPLITS:  # each part ran at its one value: the merged run's settings name the values it kept
+        field = SPLITS[name]
+        values = [v for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json"))
+                  for v in json.loads(p.read_text())["scale_settings"].get(field, [])]
+        values = [float(v) for v in values] if name == "vit" else values
+        kept = {v for v in values if (_tag(name, v) in out["epsilons"] if name == "vit"
+                                      else f"{v}_acc" in out["per_seed"])}
+        order = list(getattr(SCALES[scale_name], field)) if scale_name in SCALES else []
+        out["scale_settings"][field] = sorted(kept, key=lambda v: (order.index(v) if v in order else len(order),
+                                                                   str(v)))
     write_json(OUT / scale_name / f"{name}.json", out)
     return out
 
 
-def run_arm(name: str, scale_name: str, seed: int | None = None, epsilon: float | None = None
-            ) -> tuple[str, float]:
+def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> tuple[str, float]:
+    """Run one arm at a named scale (all seeds, or one ``seed``, or one ``part`` of a seed: see :data:`SPLITS`) and
+    write its JSON; returns (arm, seconds)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -165,17 +182,19 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, epsilon: float 
     torch.set_num_threads(1)
     os.chdir(ROOT)
     scale = SCALES[scale_name] if seed is None else SCALES[scale_name].with_(seeds=(seed,))
-    if epsilon is not None:  # one (seed, ε) part of the ViT arm
-        scale = scale.with_(vit_epsilons=(epsilon,))
+    if part is not None:  # one (seed, ε) part of the ViT arm, one (seed, training) part of the continual arm
+        if name not in SPLITS or seed is None:
+            raise ValueError(f"only {', '.join(SPLITS)} split into parts, and only one seed at a time")
+        scale = scale.with_(**{SPLITS[name]: (part,)})
     device = resolve_device("auto")
     t0 = time.perf_counter()
     # the ViT arm's (seed, ε) jobs of one seed share its pre-trained weights through a cache beside the parts
-    extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if name == "vit" and epsilon is not None else {}
+    extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if name == "vit" and part is not None else {}
     res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True), **extra)
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "
                 f"CPU cores, torch {torch.__version__}", "scale_settings": {k: v for k, v in vars(scale).items()}})
-    write_json(OUT / scale_name / f"{name}.json" if seed is None else part_path(scale_name, name, seed, epsilon),
+    write_json(OUT / scale_name / f"{name}.json" if seed is None else part_path(scale_name, name, seed, part),
                res)
     return name, secs
 

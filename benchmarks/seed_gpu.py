@@ -11,7 +11,8 @@ and keeps nothing. So:
   ``prepare --jpeg`` instead packs all of CIFAR-10 (55,000 images) as JPEG in 48 MiB; ``decode`` on the device
   turns it into ``.device_data/cifar10_full`` for the ``gpu_full`` scale (issue 16's full sizes).
 * ``run [--scale gpu|gpu_full]`` trains that scale of :mod:`seed_arms` (one job per arm and seed; the ViT arm one
-  job per (seed, ε), at ``gpu_vit`` under ``--scale gpu`` and ``gpu_full_vit`` under ``--scale gpu_full``) and of
+  job per (seed, ε), at ``gpu_vit`` under ``--scale gpu`` and ``gpu_full_vit`` under ``--scale gpu_full``; the
+  continual arm one job per (seed, training): non-DP, σ = 0, scratch, continual, plateau) and of
   :mod:`seed_papers`' continual config (one job per variant) over ``--workers`` processes sharing the GPU, in
   seed-major order (``--first`` moves arms or variants ahead), skipping jobs whose results exist (carry them back
   in and the queue resumes), starting nothing once ``--soft`` seconds have passed since the queue was ready and
@@ -48,7 +49,14 @@ calibrated here first (``results/sigma-cache``), and ``run --scale gpu_full --ar
 Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job stopped at
 ``--hard`` returns nothing. A ``gpu_full`` continual run costs about 20 s of the whole GPU (110-130 s with 6 at a
 time, 230-270 s with 12), more with tr(H) checks: 15 at once (``continual-dec``, ``scratch``, ``continual``) under
-a 300 s hard deadline all ran past it and none came back. Start at most ``hard`` / 25 s such runs in one call."""
+a 300 s hard deadline all ran past it and none came back. Start at most ``hard`` / 25 s such runs in one call.
+
+The next lease, as planned (the rows still measured at ``cpu_hour`` only): the continual arm at ``gpu_full`` is 25
+jobs of one 1,000-step ResNet-20 run each (~20 s of the whole GPU apiece), the ``continual-dec`` variant 5 more.
+Here first: σ for the arm's 1,000 / 800 DP steps into ``results/sigma-cache`` (``sigma_for`` at n = 10,000); then
+``run --scale gpu_full --arms continual --variants continual-dec --first continual-dec --workers 12 --soft 270
+--hard 540`` (two rounds of 12), and the same line with ``--soft 30 --hard 240`` on the warm machine for the last
+6; here ``merge continual --scale gpu_full`` and ``seed_papers.py tables --scale gpu_full``."""
 
 from __future__ import annotations
 
@@ -152,18 +160,18 @@ def unpack_jpeg(src: Path, folder: Path) -> None:
     print(f"decoded {src} into {folder}")
 
 
-def _job(kind: str, name: str, key, base: str = "gpu", epsilon: float | None = None) -> dict:
+def _job(kind: str, name: str, key, base: str = "gpu", part=None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
     if kind == "arm":
         import seed_arms
 
-        seed_arms.run_arm(name, arm_scale(name, base), key, epsilon)
+        seed_arms.run_arm(name, arm_scale(name, base), key, part)
     else:
         from _seed_runs import _run_one
 
         _run_one(name, base, key)
-    return {"kind": kind, "name": name, "key": key, "epsilon": epsilon, "seconds": time.time() - t0,
+    return {"kind": kind, "name": name, "key": key, "part": part, "seconds": time.time() - t0,
             "end": time.time()}
 
 
@@ -181,8 +189,10 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
     out = []
     for seed in seed_arms.SCALES[scale].seeds:
         for a in (a for a in ARM_ORDER if a in arms and seed in seed_arms.SCALES[arm_scale(a, scale)].seeds):
-            # the ViT arm: one job per (seed, ε), each short enough to finish inside one command
-            split = seed_arms.SCALES[arm_scale(a, scale)].vit_epsilons if a == "vit" else (None,)
+            # the ViT arm one job per (seed, ε), the continual arm one per (seed, training): each short enough
+            # to finish inside one command, and as many at once as the GPU holds
+            field = seed_arms.SPLITS.get(a)
+            split = getattr(seed_arms.SCALES[arm_scale(a, scale)], field) if field else (None,)
             out += [("arm", a, seed, scale, e) for e in split
                     if not seed_arms.part_path(arm_scale(a, scale), a, seed, e).exists()]
         out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)
@@ -226,7 +236,7 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
                     rec = fut.result()
                     rec["status"] = "done"
                 except Exception as exc:  # a job's failure is logged, the others go on
-                    rec = {"kind": j[0], "name": j[1], "key": j[2], "epsilon": j[4] if len(j) > 4 else None,
+                    rec = {"kind": j[0], "name": j[1], "key": j[2], "part": j[4] if len(j) > 4 else None,
                            "status": f"failed: {exc!r}"[:400],
                            "seconds": time.time() - started}
                 log.write(json.dumps(rec) + "\n")

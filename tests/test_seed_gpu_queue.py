@@ -15,13 +15,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import seed_gpu  # noqa: E402
 
 
-def fake_job(kind, name, key, base="gpu", epsilon=None):
+def fake_job(kind, name, key, base="gpu", part=None):
     """Stands in for seed_gpu._job in the worker processes: ``name`` says how it behaves."""
     t0 = time.time()
     if name == "boom":
         raise RuntimeError("the job broke")
     time.sleep({"fast": 0.05, "medium": 2.0, "slow": 60.0}[name])
-    return {"kind": kind, "name": name, "key": key, "epsilon": epsilon, "seconds": time.time() - t0,
+    return {"kind": kind, "name": name, "key": key, "part": part, "seconds": time.time() - t0,
             "end": time.time()}
 
 
@@ -59,5 +59,5 @@ def test_a_failure_is_logged_and_the_hard_deadline_stops_an_overrun(monkeypatch,
     recs = _run(monkeypatch, tmp_path, todo, workers=3, soft=60, hard=8)
     by = {r["key"]: r for r in recs}
     assert by["ok"]["status"] == "done"
-    assert by[3]["status"].startswith("failed: RuntimeError('the job broke')") and by[3]["epsilon"] == 8.0
+    assert by[3]["status"].startswith("failed: RuntimeError('the job broke')") and by[3]["part"] == 8.0
     assert "long" not in by  # stopped at the hard deadline, never logged as done

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmScale, TraceLogger, build, load_arm_data, per_seed, phase, sigma_for, test_acc,
-                                    train, train_dynamic)
+from audit.seed_arms.common import (CONTINUAL_ARMS, ArmScale, TraceLogger, build, load_arm_data, per_seed, phase,
+                                    sigma_for, test_acc, train, train_dynamic)
 
-__all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run"]
+__all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run", "CONTINUAL_ARMS"]
 
 
 def membership_metrics(model: torch.nn.Module, images, members: np.ndarray, *, device="cpu", seed: int = 0
@@ -86,10 +86,14 @@ def plateau_switch_run(model, data, scale: ArmScale, *, members: np.ndarray, see
 
 def continual_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Per seed: test accuracy and membership-inference metrics of the five arms (see the module docstring)."""
-    data = load_arm_data(scale, device=device)
-    n_priv = len(data.private)
+    unknown = [a for a in scale.continual_arms if a not in CONTINUAL_ARMS]
+    if unknown or not scale.continual_arms:
+        raise ValueError(f"continual_arms must name some of {', '.join(CONTINUAL_ARMS)}, got "
+                         f"{list(scale.continual_arms)}")
     if scale.switch >= scale.steps:
         raise ValueError(f"switch ({scale.switch}) must be below steps ({scale.steps})")
+    data = load_arm_data(scale, device=device)
+    n_priv = len(data.private)
 
     def one(seed: int) -> dict[str, Any]:
         members = np.zeros(n_priv, dtype=bool)  # exactly half, so every seed has the same q (and σ)
@@ -110,19 +114,20 @@ def continual_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] |
             "continual": [phase("public", data.public, scale=scale, steps=scale.switch, sigma=None, seed=seed,
                                 index=0), priv(t - scale.switch, sigma_for(scale, n=n, steps=t - scale.switch), 1)],
         }
-        for name, phases in arms.items():
+        for name, phases in ((k, v) for k, v in arms.items() if k in scale.continual_arms):
             model = train(build(scale, data, seed=seed, device=device), phases, seed=seed, device=device)
             out[f"{name}_acc"] = test_acc(model, data.test, device)
             out.update({f"{name}_{k}": v for k, v in membership_metrics(model, data.private, members, device=device,
                                                                          seed=seed).items()})
-        every = max(1, scale.switch // 3)
-        model, sw, reason = plateau_switch_run(build(scale, data, seed=seed, device=device), data, scale,
-                                               members=idx, seed=seed, max_public=2 * scale.switch, eval_every=every,
-                                               device=device)
-        out.update({"plateau_acc": test_acc(model, data.test, device), "plateau_switch": sw,
-                    "plateau_reason": reason})
-        out.update({f"plateau_{k}": v for k, v in membership_metrics(model, data.private, members, device=device,
-                                                                      seed=seed).items()})
+        if "plateau" in scale.continual_arms:
+            every = max(1, scale.switch // 3)
+            model, sw, reason = plateau_switch_run(build(scale, data, seed=seed, device=device), data, scale,
+                                                   members=idx, seed=seed, max_public=2 * scale.switch,
+                                                   eval_every=every, device=device)
+            out.update({"plateau_acc": test_acc(model, data.test, device), "plateau_switch": sw,
+                        "plateau_reason": reason})
+            out.update({f"plateau_{k}": v for k, v in membership_metrics(model, data.private, members,
+                                                                          device=device, seed=seed).items()})
         out["sigma_scratch"] = sigma_for(scale, n=n, steps=t)
         return out
 

@@ -28,12 +28,16 @@ from training.config import AugmentConfig, DataConfig, ModelConfig, OptimConfig,
 from training.data import ImageSet, load_pool, load_test
 from training.phases import PhaseSpec
 
-__all__ = ["CROP_FLIP", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for", "phase", "train", "train_dynamic",
-           "TraceLogger", "test_acc", "head_names", "per_seed"]
+__all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for", "phase",
+           "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed"]
 
 
 #: the arms' augmentation (``ArmScale.augment``, ``ArmScale.vit_pretrain_augment``): CIFAR's crop and flip
 CROP_FLIP = AugmentConfig(crop_padding=4, flip=True)
+
+
+#: the trainings of the continual arm (:func:`audit.seed_arms.bu.continual_arm`), each one model per seed
+CONTINUAL_ARMS = ("nondp", "clip_only", "scratch", "continual", "plateau")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +60,9 @@ class ArmScale:
     unchanged (ResNet-20 on 20,000 CIFAR-10 images needs it to pass 60 % non-DP in 1,000 steps).
     ``grad_sample_mode`` is how the DP phases get their clipped per-example gradients (``privacy.grad_sample_mode``:
     the same clipped sums by any mode; ``bk`` takes one backward pass and no per-example gradient of the linear
-    layers, which makes a ViT's DP step several times cheaper).
+    layers, which makes a ViT's DP step several times cheaper). ``continual_arms`` names the trainings of the
+    continual arm to run (:func:`audit.seed_arms.bu.continual_arm`; all five by default; one each when a GPU queue
+    splits a seed into parts).
     """
 
     name: str
@@ -106,6 +112,7 @@ class ArmScale:
     vit_pretrain_augment: bool = False
     augment: bool = False
     grad_sample_mode: str = "hooks"
+    continual_arms: tuple[str, ...] = CONTINUAL_ARMS
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
