@@ -103,8 +103,26 @@ OUT = ROOT / "results/seed_arms"
 
 
 #: arms whose seed can be split into independent parts, one job each (``seed_gpu.py``), and the ArmScale field a
-#: part narrows to its one value: the ViT arm per ε, the continual arm per training (σ = 0, plateau, ...)
-SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms"}
+#: part narrows to its one value: the ViT arm per ε, the continual arm per training (σ = 0, plateau, ...), the
+#: Ganesh et al. arm per public budget and barrier pair (:func:`audit.seed_arms.ganesh.ganesh_parts`)
+SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms", "ganesh": "ganesh_parts"}
+
+
+def split_parts(name: str, scale: ArmScale) -> list:
+    """The parts one seed of a :data:`SPLITS` arm splits into at ``scale``."""
+    if name == "ganesh":
+        from audit.seed_arms.ganesh import ganesh_parts
+
+        return list(scale.ganesh_parts) if scale.ganesh_parts is not None else ganesh_parts(scale)
+    return list(getattr(scale, SPLITS[name]))
+
+
+def _part_done(name: str, part, merged: dict) -> bool:
+    """Whether a merged arm kept ``part`` (the per-seed key it alone writes survived the join over seeds)."""
+    if name == "vit":
+        return _tag(name, part) in merged["epsilons"]
+    key = {"same": "barrier_same_public", "random": "barrier_random"}.get(part, f"{part}_acc")
+    return key in merged["per_seed"]
 
 
 def _tag(name: str, part) -> str:
@@ -159,13 +177,13 @@ def merge(name: str, scale_name: str) -> dict | None:
     if name in SPLITS:  # each part ran at its one value: the merged run's settings name the values it kept
         field = SPLITS[name]
         values = [v for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json"))
-                  for v in json.loads(p.read_text())["scale_settings"].get(field, [])]
+                  for v in json.loads(p.read_text())["scale_settings"].get(field) or []]
         values = [float(v) for v in values] if name == "vit" else values
-        kept = {v for v in values if (_tag(name, v) in out["epsilons"] if name == "vit"
-                                      else f"{v}_acc" in out["per_seed"])}
-        order = list(getattr(SCALES[scale_name], field)) if scale_name in SCALES else []
-        out["scale_settings"][field] = sorted(kept, key=lambda v: (order.index(v) if v in order else len(order),
-                                                                   str(v)))
+        kept = {v for v in values if _part_done(name, v, out)}
+        order = split_parts(name, SCALES[scale_name]) if scale_name in SCALES else []
+        if values:  # (whole-seed parts of an unsplit run leave a None field as it was)
+            out["scale_settings"][field] = sorted(kept, key=lambda v: (order.index(v) if v in order else len(order),
+                                                                       str(v)))
     write_json(OUT / scale_name / f"{name}.json", out)
     return out
 

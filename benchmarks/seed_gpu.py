@@ -12,7 +12,8 @@ and keeps nothing. So:
   turns it into ``.device_data/cifar10_full`` for the ``gpu_full`` scale (issue 16's full sizes).
 * ``run [--scale gpu|gpu_full]`` trains that scale of :mod:`seed_arms` (one job per arm and seed; the ViT arm one
   job per (seed, ε), at ``gpu_vit`` under ``--scale gpu`` and ``gpu_full_vit`` under ``--scale gpu_full``; the
-  continual arm one job per (seed, training): non-DP, σ = 0, scratch, continual, plateau) and of
+  continual arm one per (seed, training): non-DP, σ = 0, scratch, continual, plateau; the Ganesh et al. arm one per
+  (seed, public budget or barrier pair)) and of
   :mod:`seed_papers`' continual config (one job per variant) over ``--workers`` processes sharing the GPU, in
   seed-major order (``--first`` moves arms or variants ahead), skipping jobs whose results exist (carry them back
   in and the queue resumes), starting nothing once ``--soft`` seconds have passed since the queue was ready and
@@ -191,8 +192,8 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
         for a in (a for a in ARM_ORDER if a in arms and seed in seed_arms.SCALES[arm_scale(a, scale)].seeds):
             # the ViT arm one job per (seed, ε), the continual arm one per (seed, training): each short enough
             # to finish inside one command, and as many at once as the GPU holds
-            field = seed_arms.SPLITS.get(a)
-            split = getattr(seed_arms.SCALES[arm_scale(a, scale)], field) if field else (None,)
+            split = (seed_arms.split_parts(a, seed_arms.SCALES[arm_scale(a, scale)]) if a in seed_arms.SPLITS
+                     else (None,))
             out += [("arm", a, seed, scale, e) for e in split
                     if not seed_arms.part_path(arm_scale(a, scale), a, seed, e).exists()]
         out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)

@@ -232,7 +232,39 @@ def test_continual_training_parts_merge_to_the_whole_arm(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="continual_arms"):
         continual_arm(TINY.with_(continual_arms=("noisy",)))
     with pytest.raises(ValueError, match="split"):
-        seed_arms.run_arm("ganesh", "tiny_split", 0, "x")
+        seed_arms.run_arm("trace", "tiny_split", 0, "x")
+
+
+def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_path, monkeypatch):
+    """The Ganesh et al. arm split per (seed, public budget or barrier pair) merges to the arm run whole, and the
+    parts' DP runs add up to the whole arm's (each middle budget once, 2 runs for each barrier pair)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import seed_arms
+
+    import audit.seed_arms.ganesh as ganesh
+
+    assert ganesh.ganesh_parts(TINY) == ["public2", "same", "random"]  # budgets 0, 2, 4
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
+    monkeypatch.setitem(seed_arms.SCALES, "tiny_g", TINY.with_(name="tiny_g"))
+    calls = []
+    real_train = ganesh.train
+    monkeypatch.setattr(ganesh, "train", lambda *a, **k: calls.append(a[1][0].name) or real_train(*a, **k))
+    whole = ganesh.ganesh_arm(TINY)
+    n_whole = calls.count("private")
+    calls.clear()
+    for part in ("random", "public2", "same"):
+        seed_arms.run_arm("ganesh", "tiny_g", 0, part)
+    assert calls.count("private") == n_whole == 5  # budgets 0, 2, 4 once, and one more run per pair
+    merged = seed_arms.merge("ganesh", "tiny_g")
+    assert set(merged["per_seed"]) == set(whole["per_seed"])
+    for k, v in whole["per_seed"].items():
+        assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
+    assert merged["scale_settings"]["ganesh_parts"] == ["public2", "same", "random"]
+    with pytest.raises(ValueError, match="ganesh_parts"):
+        ganesh.ganesh_arm(TINY.with_(ganesh_parts=("public3",)))
 
 
 def test_the_gpu_queue_splits_the_vit_and_continual_arms_into_parts(tmp_path, monkeypatch):
@@ -246,11 +278,13 @@ def test_the_gpu_queue_splits_the_vit_and_continual_arms_into_parts(tmp_path, mo
     from audit.seed_arms.common import CONTINUAL_ARMS
 
     monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    todo = seed_gpu.jobs(["vit", "continual", "ganesh"], False, scale="gpu_full")
+    todo = seed_gpu.jobs(["vit", "continual", "ganesh", "trace"], False, scale="gpu_full")
     seeds = seed_arms.SCALES["gpu_full"].seeds
-    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 1)
+    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 1)
     assert [j[4] for j in todo if j[1] == "continual" and j[2] == seeds[0]] == list(CONTINUAL_ARMS)
-    assert [j[4] for j in todo if j[1] == "ganesh" and j[2] == seeds[0]] == [None]
+    assert [j[4] for j in todo if j[1] == "ganesh" and j[2] == seeds[0]] == ["public10", "public30", "public100",
+                                                                           "same", "random"]
+    assert [j[4] for j in todo if j[1] == "trace" and j[2] == seeds[0]] == [None]
     done = seed_arms.part_path("gpu_full", "continual", seeds[0], "plateau")
     done.parent.mkdir(parents=True)
     done.write_text("{}")

@@ -62,7 +62,8 @@ class ArmScale:
     the same clipped sums by any mode; ``bk`` takes one backward pass and no per-example gradient of the linear
     layers, which makes a ViT's DP step several times cheaper). ``continual_arms`` names the trainings of the
     continual arm to run (:func:`audit.seed_arms.bu.continual_arm`; all five by default; one each when a GPU queue
-    splits a seed into parts).
+    splits a seed into parts); ``ganesh_parts`` the parts of the Ganesh et al. arm
+    (:func:`audit.seed_arms.ganesh.ganesh_parts`; None: all).
     """
 
     name: str
@@ -113,6 +114,7 @@ class ArmScale:
     augment: bool = False
     grad_sample_mode: str = "hooks"
     continual_arms: tuple[str, ...] = CONTINUAL_ARMS
+    ganesh_parts: tuple[str, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

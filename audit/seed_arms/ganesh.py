@@ -27,7 +27,16 @@ import torch
 
 from audit.seed_arms.common import ArmScale, build, load_arm_data, per_seed, phase, sigma_for, test_acc, train
 
-__all__ = ["interpolate", "loss_barrier", "barrier_curve", "ganesh_arm"]
+__all__ = ["interpolate", "loss_barrier", "barrier_curve", "ganesh_arm", "ganesh_parts"]
+
+
+def ganesh_parts(scale: ArmScale) -> list[str]:
+    """The arm's independent parts of one seed (``ArmScale.ganesh_parts`` picks some; a GPU queue runs one each):
+    ``public<k>`` for each public budget strictly between 0 and the largest (one DP run), ``same`` (the largest
+    budget's DP run, its second run from the same public start and their barrier) and ``random`` (the 0 budget's DP
+    run, a run from another random initialisation and their barrier). Together: the whole arm, no run twice."""
+    budgets = sorted(set(scale.public_steps) | {0})
+    return [f"public{k}" for k in budgets[1:-1]] + ["same", "random"]
 
 
 def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float
@@ -71,6 +80,13 @@ def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | No
     sigma = sigma_for(scale, n=n, steps=t)
     budgets = sorted(set(scale.public_steps) | {0})
     top = budgets[-1]
+    every = ganesh_parts(scale)
+    parts = list(scale.ganesh_parts) if scale.ganesh_parts is not None else every
+    if not parts or any(p not in every for p in parts):
+        raise ValueError(f"ganesh_parts must name some of {', '.join(every)}, got {parts}")
+    # the DP runs the parts need: each middle budget's own, the largest for 'same', 0 for 'random'
+    needed = [k for k in budgets if f"public{k}" in parts or (k == top and "same" in parts)
+              or (k == 0 and "random" in parts)]
 
     def dp(start: dict[str, torch.Tensor], seed: int, run_seed: int) -> torch.nn.Module:
         model = build(scale, data, seed=seed, device=device)
@@ -91,7 +107,7 @@ def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | No
                   seed=seed, device=device, on_step=snap)
         out: dict[str, Any] = {}
         ends = {}
-        for k in budgets:
+        for k in needed:
             trained = dp(snaps[k], seed, seed)
             out[f"public{k}_acc"] = test_acc(trained, data.test, device)
             ends[k] = trained
@@ -101,11 +117,13 @@ def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | No
             probe.load_state_dict(state)
             return mean_loss(probe, data.private, device=device)
 
-        same_b = dp(snaps[top], seed, seed + 1000).state_dict()
-        other_init = build(scale, data, seed=seed + 1000, device=device).state_dict()
-        rand_b = dp(other_init, seed + 1000, seed + 1000).state_dict()
-        for name, (a, b) in {"same_public": (ends[top].state_dict(), same_b),
-                             "random": (ends[0].state_dict(), rand_b)}.items():
+        pairs = {}
+        if "same" in parts:
+            pairs["same_public"] = (ends[top].state_dict(), dp(snaps[top], seed, seed + 1000).state_dict())
+        if "random" in parts:
+            other_init = build(scale, data, seed=seed + 1000, device=device).state_dict()
+            pairs["random"] = (ends[0].state_dict(), dp(other_init, seed + 1000, seed + 1000).state_dict())
+        for name, (a, b) in pairs.items():
             alphas, losses = barrier_curve(loss_at, a, b, points=scale.barrier_points)
             out[f"barrier_{name}"] = loss_barrier(alphas, losses)
             out[f"barrier_{name}_curve"] = losses
