@@ -104,8 +104,9 @@ OUT = ROOT / "results/seed_arms"
 
 #: arms whose seed can be split into independent parts, one job each (``seed_gpu.py``), and the ArmScale field a
 #: part narrows to its one value: the ViT arm per ε, the continual arm per training (σ = 0, plateau, ...), the
-#: Ganesh et al. arm per public budget and barrier pair (:func:`audit.seed_arms.ganesh.ganesh_parts`)
-SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms", "ganesh": "ganesh_parts"}
+#: Ganesh et al. arm per public budget and barrier pair (:func:`audit.seed_arms.ganesh.ganesh_parts`), the tr(H)
+#: arm per training (non-DP and DP pre-training, DP fine-tuning)
+SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms", "ganesh": "ganesh_parts", "trace": "trace_runs"}
 
 
 def split_parts(name: str, scale: ArmScale) -> list:
@@ -121,7 +122,7 @@ def _part_done(name: str, part, merged: dict) -> bool:
     """Whether a merged arm kept ``part`` (the per-seed key it alone writes survived the join over seeds)."""
     if name == "vit":
         return _tag(name, part) in merged["epsilons"]
-    key = {"same": "barrier_same_public", "random": "barrier_random"}.get(part, f"{part}_acc")
+    key = {"same": "barrier_same_public", "random": "barrier_random"}.get(part, f"{part}_acc")  # trace: <run>_acc
     return key in merged["per_seed"]
 
 

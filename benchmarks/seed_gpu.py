@@ -12,8 +12,8 @@ and keeps nothing. So:
   turns it into ``.device_data/cifar10_full`` for the ``gpu_full`` scale (issue 16's full sizes).
 * ``run [--scale gpu|gpu_full]`` trains that scale of :mod:`seed_arms` (one job per arm and seed; the ViT arm one
   job per (seed, ε), at ``gpu_vit`` under ``--scale gpu`` and ``gpu_full_vit`` under ``--scale gpu_full``; the
-  continual arm one per (seed, training): non-DP, σ = 0, scratch, continual, plateau; the Ganesh et al. arm one per
-  (seed, public budget or barrier pair)) and of
+  continual arm one per (seed, training): non-DP, σ = 0, scratch, continual, plateau; the tr(H) arm one per (seed,
+  training); the Ganesh et al. arm one per (seed, public budget or barrier pair)) and of
   :mod:`seed_papers`' continual config (one job per variant) over ``--workers`` processes sharing the GPU, in
   seed-major order (``--first`` moves arms or variants ahead), skipping jobs whose results exist (carry them back
   in and the queue resumes), starting nothing once ``--soft`` seconds have passed since the queue was ready and

@@ -199,40 +199,44 @@ def test_grad_sample_mode_reaches_the_dp_phases_and_bk_trains_the_hooks_model(da
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_continual_training_parts_merge_to_the_whole_arm(tmp_path, monkeypatch):
-    """benchmarks/seed_arms.py: the continual arm split into one part per (seed, training), as the GPU queue runs
-    it, merges to the arm run whole (each training is seeded on its own); a missing part drops that training."""
+@pytest.mark.parametrize("arm", ["continual", "trace"])
+def test_training_parts_merge_to_the_whole_arm(tmp_path, monkeypatch, arm):
+    """benchmarks/seed_arms.py: the continual and tr(H) arms split into one part per (seed, training), as the GPU
+    queue runs them, merge to the arm run whole (each training is seeded on its own); a missing part drops that
+    training."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import seed_arms
 
-    from audit.seed_arms.bu import continual_arm
-    from audit.seed_arms.common import CONTINUAL_ARMS
+    from audit.seed_arms.bu import continual_arm, trace_arm
+    from audit.seed_arms.common import CONTINUAL_ARMS, TRACE_RUNS
 
+    fn, names, field = {"continual": (continual_arm, CONTINUAL_ARMS, "continual_arms"),
+                        "trace": (trace_arm, TRACE_RUNS, "trace_runs")}[arm]
     monkeypatch.setattr(seed_arms, "OUT", tmp_path)
     monkeypatch.setitem(seed_arms.SCALES, "tiny_split", TINY.with_(name="tiny_split"))
-    whole = continual_arm(TINY)
-    for part in reversed(CONTINUAL_ARMS):  # any order
-        seed_arms.run_arm("continual", "tiny_split", 0, part)
-    assert len(list((tmp_path / "tiny_split" / "parts").glob("continual.s0.*.json"))) == len(CONTINUAL_ARMS)
-    merged = seed_arms.merge("continual", "tiny_split")
+    whole = fn(TINY)
+    for part in reversed(names):  # any order
+        seed_arms.run_arm(arm, "tiny_split", 0, part)
+    assert len(list((tmp_path / "tiny_split" / "parts").glob(f"{arm}.s0.*.json"))) == len(names)
+    merged = seed_arms.merge(arm, "tiny_split")
     assert set(merged["per_seed"]) == set(whole["per_seed"])
     for k, v in whole["per_seed"].items():
-        if k == "plateau_reason":
-            assert merged["per_seed"][k] == v
+        if k == "plateau_reason" or k.endswith("_trace"):
+            assert merged["per_seed"][k] == v, k
         else:
             assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
-    assert merged["scale_settings"]["continual_arms"] == list(CONTINUAL_ARMS)
-    (tmp_path / "tiny_split" / "parts" / "continual.s0.clip_only.json").unlink()
-    again = seed_arms.merge("continual", "tiny_split")
-    assert "clip_only_acc" not in again["per_seed"] and "nondp_acc" in again["per_seed"]
-    assert again["scale_settings"]["continual_arms"] == [a for a in CONTINUAL_ARMS if a != "clip_only"]
-    with pytest.raises(ValueError, match="continual_arms"):
-        continual_arm(TINY.with_(continual_arms=("noisy",)))
+    assert merged["scale_settings"][field] == list(names)
+    (tmp_path / "tiny_split" / "parts" / f"{arm}.s0.{names[1]}.json").unlink()
+    again = seed_arms.merge(arm, "tiny_split")
+    assert f"{names[1]}_acc" not in again["per_seed"] and f"{names[0]}_acc" in again["per_seed"]
+    assert again["scale_settings"][field] == [a for a in names if a != names[1]]
+    with pytest.raises(ValueError, match=field):
+        fn(TINY.with_(**{field: ("noisy",)}))
     with pytest.raises(ValueError, match="split"):
-        seed_arms.run_arm("trace", "tiny_split", 0, "x")
+        seed_arms.run_arm("ke", "tiny_split", 0, "x")
 
 
 def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_path, monkeypatch):
@@ -278,13 +282,15 @@ def test_the_gpu_queue_splits_the_vit_and_continual_arms_into_parts(tmp_path, mo
     from audit.seed_arms.common import CONTINUAL_ARMS
 
     monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    todo = seed_gpu.jobs(["vit", "continual", "ganesh", "trace"], False, scale="gpu_full")
+    todo = seed_gpu.jobs(["vit", "continual", "ganesh", "trace", "ke"], False, scale="gpu_full")
     seeds = seed_arms.SCALES["gpu_full"].seeds
-    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 1)
+    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 3 + 1)
     assert [j[4] for j in todo if j[1] == "continual" and j[2] == seeds[0]] == list(CONTINUAL_ARMS)
     assert [j[4] for j in todo if j[1] == "ganesh" and j[2] == seeds[0]] == ["public10", "public30", "public100",
                                                                            "same", "random"]
-    assert [j[4] for j in todo if j[1] == "trace" and j[2] == seeds[0]] == [None]
+    assert [j[4] for j in todo if j[1] == "trace" and j[2] == seeds[0]] == ["pretrain_nondp", "pretrain_dp",
+                                                                          "finetune_dp"]
+    assert [j[4] for j in todo if j[1] == "ke" and j[2] == seeds[0]] == [None]
     done = seed_arms.part_path("gpu_full", "continual", seeds[0], "plateau")
     done.parent.mkdir(parents=True)
     done.write_text("{}")

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (CONTINUAL_ARMS, ArmScale, TraceLogger, build, load_arm_data, per_seed, phase,
-                                    sigma_for, test_acc, train, train_dynamic)
+from audit.seed_arms.common import (CONTINUAL_ARMS, TRACE_RUNS, ArmScale, TraceLogger, build, load_arm_data, per_seed,
+                                    phase, sigma_for, test_acc, train, train_dynamic)
 
-__all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run", "CONTINUAL_ARMS"]
+__all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run", "CONTINUAL_ARMS", "TRACE_RUNS"]
 
 
 def membership_metrics(model: torch.nn.Module, images, members: np.ndarray, *, device="cpu", seed: int = 0
@@ -143,15 +143,22 @@ def trace_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | Non
     t = scale.trace_steps
     sigma = sigma_for(scale, n=n, steps=t)
 
+    unknown = [r for r in scale.trace_runs if r not in TRACE_RUNS]
+    if unknown or not scale.trace_runs:
+        raise ValueError(f"trace_runs must name some of {', '.join(TRACE_RUNS)}, got {list(scale.trace_runs)}")
+
     def one(seed: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        source = train(build(scale, data, seed=seed, device=device),
-                       [phase("public", data.public, scale=scale, steps=scale.source_steps, sigma=None, seed=seed,
-                              index=0)], seed=seed, device=device)
-        starts = {"pretrain_nondp": (build(scale, data, seed=seed, device=device), None),
-                  "pretrain_dp": (build(scale, data, seed=seed, device=device), sigma),
-                  "finetune_dp": (source, sigma)}
-        for name, (model, sig) in starts.items():
+
+        def start(name: str) -> tuple[torch.nn.Module, float | None]:
+            model = build(scale, data, seed=seed, device=device)
+            if name == "finetune_dp":  # from this seed's public pre-trained model
+                model = train(model, [phase("public", data.public, scale=scale, steps=scale.source_steps,
+                                            sigma=None, seed=seed, index=0)], seed=seed, device=device)
+            return model, (None if name == "pretrain_nondp" else sigma)
+
+        for name in (r for r in TRACE_RUNS if r in scale.trace_runs):
+            model, sig = start(name)
             logger = TraceLogger(model, data, scale=scale, seed=seed, every=scale.hessian_every)
             logger.at_start(model)
             trained = train(model, [phase("private", data.private, scale=scale, steps=t, sigma=sig, seed=seed,

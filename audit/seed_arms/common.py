@@ -28,8 +28,8 @@ from training.config import AugmentConfig, DataConfig, ModelConfig, OptimConfig,
 from training.data import ImageSet, load_pool, load_test
 from training.phases import PhaseSpec
 
-__all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for", "phase",
-           "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed"]
+__all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "TRACE_RUNS", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for",
+           "phase", "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed"]
 
 
 #: the arms' augmentation (``ArmScale.augment``, ``ArmScale.vit_pretrain_augment``): CIFAR's crop and flip
@@ -38,6 +38,8 @@ CROP_FLIP = AugmentConfig(crop_padding=4, flip=True)
 
 #: the trainings of the continual arm (:func:`audit.seed_arms.bu.continual_arm`), each one model per seed
 CONTINUAL_ARMS = ("nondp", "clip_only", "scratch", "continual", "plateau")
+#: the trainings of the tr(H) arm (:func:`audit.seed_arms.bu.trace_arm`), each one model per seed
+TRACE_RUNS = ("pretrain_nondp", "pretrain_dp", "finetune_dp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +65,7 @@ class ArmScale:
     layers, which makes a ViT's DP step several times cheaper). ``continual_arms`` names the trainings of the
     continual arm to run (:func:`audit.seed_arms.bu.continual_arm`; all five by default; one each when a GPU queue
     splits a seed into parts); ``ganesh_parts`` the parts of the Ganesh et al. arm
-    (:func:`audit.seed_arms.ganesh.ganesh_parts`; None: all).
+    (:func:`audit.seed_arms.ganesh.ganesh_parts`; None: all); ``trace_runs`` the tr(H) arm's trainings.
     """
 
     name: str
@@ -115,6 +117,7 @@ class ArmScale:
     grad_sample_mode: str = "hooks"
     continual_arms: tuple[str, ...] = CONTINUAL_ARMS
     ganesh_parts: tuple[str, ...] | None = None
+    trace_runs: tuple[str, ...] = TRACE_RUNS
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
