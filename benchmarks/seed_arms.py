@@ -105,16 +105,19 @@ OUT = ROOT / "results/seed_arms"
 #: arms whose seed can be split into independent parts, one job each (``seed_gpu.py``), and the ArmScale field a
 #: part narrows to its one value: the ViT arm per ε, the continual arm per training (σ = 0, plateau, ...), the
 #: Ganesh et al. arm per public budget and barrier pair (:func:`audit.seed_arms.ganesh.ganesh_parts`), the tr(H)
-#: arm per training (non-DP and DP pre-training, DP fine-tuning)
-SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms", "ganesh": "ganesh_parts", "trace": "trace_runs"}
+#: arm per training (non-DP and DP pre-training, DP fine-tuning), the Ke et al. arm per run (head init, LP-FFT split)
+SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms", "ganesh": "ganesh_parts", "trace": "trace_runs",
+          "ke": "ke_parts"}
 
 
 def split_parts(name: str, scale: ArmScale) -> list:
     """The parts one seed of a :data:`SPLITS` arm splits into at ``scale``."""
-    if name == "ganesh":
+    if name in ("ganesh", "ke"):
         from audit.seed_arms.ganesh import ganesh_parts
+        from audit.seed_arms.ke import ke_parts
 
-        return list(scale.ganesh_parts) if scale.ganesh_parts is not None else ganesh_parts(scale)
+        chosen = getattr(scale, SPLITS[name])
+        return list(chosen) if chosen is not None else {"ganesh": ganesh_parts, "ke": ke_parts}[name](scale)
     return list(getattr(scale, SPLITS[name]))
 
 
@@ -122,7 +125,8 @@ def _part_done(name: str, part, merged: dict) -> bool:
     """Whether a merged arm kept ``part`` (the per-seed key it alone writes survived the join over seeds)."""
     if name == "vit":
         return _tag(name, part) in merged["epsilons"]
-    key = {"same": "barrier_same_public", "random": "barrier_random"}.get(part, f"{part}_acc")  # trace: <run>_acc
+    barrier = {"same": "barrier_same_public", "random": "barrier_random"} if name == "ganesh" else {}
+    key = barrier.get(part, f"{part}_acc")  # the others: <training>_acc, <head init or split>_acc
     return key in merged["per_seed"]
 
 
@@ -167,6 +171,13 @@ def merge(name: str, scale_name: str) -> dict | None:
     if not by_seed:
         return None
     parts = [_join_seed(by_seed[s]) for s in sorted(by_seed)]
+    if name == "ke":  # the validation-selected split needs every split of a seed: chosen once they are joined
+        from audit.seed_arms.ke import select_split
+
+        for p in parts:
+            flat = {k: v[0] for k, v in p["per_seed"].items()}
+            sel = select_split(flat, p["scale_settings"]["lp_fractions"])
+            p["per_seed"].update({k: [v] for k, v in sel.items()})
     keys = [k for k in parts[0]["per_seed"] if all(k in p["per_seed"] for p in parts)]
     out = {**parts[0], "seeds": [s for p in parts for s in p["seeds"]],
            "wall_seconds": sum(p["wall_seconds"] for p in parts),
@@ -208,7 +219,9 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> t
     device = resolve_device("auto")
     t0 = time.perf_counter()
     # the ViT arm's (seed, ε) jobs of one seed share its pre-trained weights through a cache beside the parts
-    extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if name == "vit" and part is not None else {}
+    extra = {}
+    if part is not None and name in ("vit", "ke"):  # the part jobs share a seed's pre-trained ViT, the Ke source
+        extra = {{"vit": "pretrained_cache", "ke": "source_cache"}[name]: OUT / scale_name / "pretrained"}
     res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True), **extra)
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "

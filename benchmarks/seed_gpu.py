@@ -13,7 +13,8 @@ and keeps nothing. So:
 * ``run [--scale gpu|gpu_full]`` trains that scale of :mod:`seed_arms` (one job per arm and seed; the ViT arm one
   job per (seed, ε), at ``gpu_vit`` under ``--scale gpu`` and ``gpu_full_vit`` under ``--scale gpu_full``; the
   continual arm one per (seed, training): non-DP, σ = 0, scratch, continual, plateau; the tr(H) arm one per (seed,
-  training); the Ganesh et al. arm one per (seed, public budget or barrier pair)) and of
+  training); the Ganesh et al. arm one per (seed, public budget or barrier pair); the Ke et al. arm one per (seed,
+  head init or LP-FFT split), its source model trained once and shared) and of
   :mod:`seed_papers`' continual config (one job per variant) over ``--workers`` processes sharing the GPU, in
   seed-major order (``--first`` moves arms or variants ahead), skipping jobs whose results exist (carry them back
   in and the queue resumes), starting nothing once ``--soft`` seconds have passed since the queue was ready and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -236,7 +237,7 @@ def test_training_parts_merge_to_the_whole_arm(tmp_path, monkeypatch, arm):
     with pytest.raises(ValueError, match=field):
         fn(TINY.with_(**{field: ("noisy",)}))
     with pytest.raises(ValueError, match="split"):
-        seed_arms.run_arm("ke", "tiny_split", 0, "x")
+        seed_arms.run_arm(arm, "tiny_split", None, names[0])  # a part is one seed's
 
 
 def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_path, monkeypatch):
@@ -271,7 +272,46 @@ def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_
         ganesh.ganesh_arm(TINY.with_(ganesh_parts=("public3",)))
 
 
-def test_the_gpu_queue_splits_the_vit_and_continual_arms_into_parts(tmp_path, monkeypatch):
+def test_ke_parts_share_one_source_and_merge_to_the_whole_arm_with_its_selection(tmp_path, monkeypatch):
+    """The Ke et al. arm split per (seed, run): the source model is trained once for all parts (a cache of
+    safetensors), the parts merge to the whole arm, and the validation-selected split is chosen after the join."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import seed_arms
+
+    import audit.seed_arms.ke as ke
+
+    assert ke.ke_parts(TINY) == ["random", "zero", "lpfft25", "lpfft50"]
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
+    monkeypatch.setitem(seed_arms.SCALES, "tiny_k", TINY.with_(name="tiny_k"))
+    calls = []
+    real_train = ke.train
+    monkeypatch.setattr(ke, "train", lambda *a, **k: calls.extend(p.name for p in a[1]) or real_train(*a, **k))
+    whole = ke.ke_arm(TINY)
+    assert calls.count("public") == 1
+    calls.clear()
+    for part in ("lpfft50", "zero", "lpfft25", "random"):
+        seed_arms.run_arm("ke", "tiny_k", 0, part)
+    assert calls.count("public") == 1  # the source: trained by the first part, loaded by the others
+    assert len(list((tmp_path / "tiny_k" / "pretrained").glob("ke-source-*.safetensors"))) == 1
+    one = json.loads((tmp_path / "tiny_k" / "parts" / "ke.s0.lpfft25.json").read_text())
+    assert "selected_split" not in one["per_seed"]  # a part alone cannot choose
+    merged = seed_arms.merge("ke", "tiny_k")
+    assert set(merged["per_seed"]) == set(whole["per_seed"])
+    for k, v in whole["per_seed"].items():
+        if k.endswith("_curve") or k == "selected_split":
+            assert merged["per_seed"][k] == v, k
+        else:
+            assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
+    assert merged["source_test_acc"] == whole["source_test_acc"]
+    assert merged["scale_settings"]["ke_parts"] == ke.ke_parts(TINY)
+    with pytest.raises(ValueError, match="ke_parts"):
+        ke.ke_arm(TINY.with_(ke_parts=("lpfft99",)))
+
+
+def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
     import sys
     from pathlib import Path
 
@@ -284,13 +324,14 @@ def test_the_gpu_queue_splits_the_vit_and_continual_arms_into_parts(tmp_path, mo
     monkeypatch.setattr(seed_arms, "OUT", tmp_path)
     todo = seed_gpu.jobs(["vit", "continual", "ganesh", "trace", "ke"], False, scale="gpu_full")
     seeds = seed_arms.SCALES["gpu_full"].seeds
-    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 3 + 1)
+    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 3 + 5)
     assert [j[4] for j in todo if j[1] == "continual" and j[2] == seeds[0]] == list(CONTINUAL_ARMS)
     assert [j[4] for j in todo if j[1] == "ganesh" and j[2] == seeds[0]] == ["public10", "public30", "public100",
                                                                            "same", "random"]
     assert [j[4] for j in todo if j[1] == "trace" and j[2] == seeds[0]] == ["pretrain_nondp", "pretrain_dp",
                                                                           "finetune_dp"]
-    assert [j[4] for j in todo if j[1] == "ke" and j[2] == seeds[0]] == [None]
+    assert [j[4] for j in todo if j[1] == "ke" and j[2] == seeds[0]] == ["random", "zero", "lpfft25", "lpfft50",
+                                                                       "lpfft75"]
     done = seed_arms.part_path("gpu_full", "continual", seeds[0], "plateau")
     done.parent.mkdir(parents=True)
     done.write_text("{}")

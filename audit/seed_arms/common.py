@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +32,8 @@ from training.data import ImageSet, load_pool, load_test
 from training.phases import PhaseSpec
 
 __all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "TRACE_RUNS", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for",
-           "phase", "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed"]
+           "phase", "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed", "PART_FIELDS",
+           "fit_key", "cached_fit"]
 
 
 #: the arms' augmentation (``ArmScale.augment``, ``ArmScale.vit_pretrain_augment``): CIFAR's crop and flip
@@ -65,7 +69,8 @@ class ArmScale:
     layers, which makes a ViT's DP step several times cheaper). ``continual_arms`` names the trainings of the
     continual arm to run (:func:`audit.seed_arms.bu.continual_arm`; all five by default; one each when a GPU queue
     splits a seed into parts); ``ganesh_parts`` the parts of the Ganesh et al. arm
-    (:func:`audit.seed_arms.ganesh.ganesh_parts`; None: all); ``trace_runs`` the tr(H) arm's trainings.
+    (:func:`audit.seed_arms.ganesh.ganesh_parts`; None: all); ``trace_runs`` the tr(H) arm's trainings;
+    ``ke_parts`` the Ke et al. arm's runs (:func:`audit.seed_arms.ke.ke_parts`; None: all).
     """
 
     name: str
@@ -118,6 +123,7 @@ class ArmScale:
     continual_arms: tuple[str, ...] = CONTINUAL_ARMS
     ganesh_parts: tuple[str, ...] | None = None
     trace_runs: tuple[str, ...] = TRACE_RUNS
+    ke_parts: tuple[str, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -295,3 +301,48 @@ def per_seed(scale: ArmScale, fn: Callable[[int], dict[str, Any]], log: Callable
         for k, v in res.items():
             out.setdefault(k, []).append(v)
     return out
+
+
+#: scale fields that differ between the part jobs of one run (``benchmarks/seed_arms.py``'s splits) and do not
+#: touch a model that the parts share (a seed's pre-trained ViT, the Ke et al. arm's source model)
+PART_FIELDS = ("seeds", "vit_epsilons", "continual_arms", "ganesh_parts", "trace_runs", "ke_parts")
+
+
+def fit_key(scale: ArmScale, images: ImageSet, *, seed: int, lr: float, device) -> dict[str, Any]:
+    """Everything that determines a shared model's weights: the scale's settings (less :data:`PART_FIELDS`), the
+    training images' fingerprint, the seed, the learning rate, the device type and torch's version."""
+    fields = {k: v for k, v in vars(scale).items() if k not in PART_FIELDS}
+    return {"format": 1, "scale": json.loads(json.dumps(fields, sort_keys=True, default=str)),
+            "images": images.fingerprint(), "seed": int(seed), "lr": float(lr),
+            "device": torch.device(device).type, "torch": torch.__version__}
+
+
+def cached_fit(cache: str | Path | None, key: dict[str, Any], make: Callable[[], nn.Module],
+               fit: Callable[[nn.Module], nn.Module], *, device="cpu", prefix: str = "model") -> nn.Module:
+    """``fit(make())``, kept in ``cache`` under ``key`` and loaded from there when present: the part jobs of one
+    run share a model they would each train alike (a seed's pre-trained ViT, the Ke et al. source), trained once
+    and identical in every part even where GPU kernels are not bit-reproducible. Jobs asking for the same key at
+    once wait on a file lock; a file whose stored key differs, or that does not load, is trained again and
+    replaced. No cache: plain training. Safetensors only: nothing is unpickled."""
+    if cache is None:
+        return fit(make())
+    from training.io import load_safetensors, save_safetensors, waiting_lock
+
+    text = json.dumps(key, sort_keys=True)
+    path = Path(cache) / f"{prefix}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.safetensors"
+    with waiting_lock(path.with_suffix(".lock")):
+        if path.is_file():
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    stored = (f.metadata() or {}).get("key")
+                if stored == text:
+                    model = make()
+                    model.load_state_dict(load_safetensors(path))
+                    return model.to(device)
+            except Exception:  # noqa: BLE001 - safetensors' own error types for a corrupt file; a strict load of
+                pass           # another model's weights: either way the file is not these weights, train again
+        model = fit(make())
+        save_safetensors(path, model.state_dict(), metadata={"key": text})
+        return model

@@ -16,17 +16,40 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmScale, build, load_arm_data, per_seed, phase, sigma_for, test_acc,
-                                    train)
+from audit.seed_arms.common import (ArmScale, build, cached_fit, fit_key, load_arm_data, per_seed, phase, sigma_for,
+                                    test_acc, train)
 
-__all__ = ["ke_arm", "knn_quality"]
+__all__ = ["ke_arm", "knn_quality", "ke_parts", "select_split"]
 
 HEAD_INITS = ("random", "zero")
+
+
+def _split_key(f: float) -> str:
+    return f"lpfft{int(round(100 * f))}"
+
+
+def ke_parts(scale: ArmScale) -> list[str]:
+    """The arm's independent runs of one seed (``ArmScale.ke_parts`` picks some; a GPU queue runs one each): the
+    head inits (``random``, ``zero``) and one LP-FFT run per budget split (``lpfft50`` is also the ``lp_aligned``
+    arm). Together: the whole arm."""
+    return list(HEAD_INITS) + [_split_key(f) for f in sorted(set(scale.lp_fractions) | {0.5})]
+
+
+def select_split(values: dict[str, Any], lp_fractions) -> dict[str, Any]:
+    """``selected_split`` (the LP-FFT split with the best held-out validation accuracy; never the test images) and
+    its test accuracy ``selected_acc``, from one seed's ``lpfft<f>_val``/``_acc``; empty while a split is missing
+    (the parts of a seed are joined first)."""
+    keys = [_split_key(f) for f in lp_fractions]
+    if any(f"{k}_val" not in values for k in keys):
+        return {}
+    chosen = max(keys, key=lambda k: values[f"{k}_val"])
+    return {"selected_split": chosen, "selected_acc": values[f"{chosen}_acc"]}
 
 
 def knn_quality(model: torch.nn.Module, bank, query, *, device="cpu") -> float:
@@ -40,17 +63,26 @@ def knn_quality(model: torch.nn.Module, bank, query, *, device="cpu") -> float:
                               k=min(20, len(bank))).accuracy.accuracy)
 
 
-def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
+           source_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: test accuracy, final and over-time kNN quality of the head-init arms, and the LP-FFT split sweep
-    with its validation-selected split (see the module docstring)."""
+    with its validation-selected split (see the module docstring). ``source_cache``: a folder that shares the
+    source model between the part jobs of one run (:func:`audit.seed_arms.common.cached_fit`)."""
     from training.recipes.budget import split_budget
     from training.recipes.finetune import head_seed, new_head
 
+    every_part = ke_parts(scale)
+    parts = list(scale.ke_parts) if scale.ke_parts is not None else every_part
+    if not parts or any(p not in every_part for p in parts):
+        raise ValueError(f"ke_parts must name some of {', '.join(every_part)}, got {parts}")
     pre = load_arm_data(scale, device=device)
     down = load_arm_data(scale, downstream=True, device=device)
-    source = train(build(scale, pre, seed=0, device=device),
-                   [phase("public", pre.public, scale=scale, steps=scale.source_steps, sigma=None, seed=0, index=0)],
-                   seed=0, device=device)
+    source = cached_fit(
+        source_cache, fit_key(scale, pre.public, seed=0, lr=scale.lr, device=device),
+        lambda: build(scale, pre, seed=0, device=device),
+        lambda model: train(model, [phase("public", pre.public, scale=scale, steps=scale.source_steps, sigma=None,
+                                          seed=0, index=0)], seed=0, device=device),
+        device=device, prefix="ke-source")
     source_acc = test_acc(source, pre.test, device)
     n, t = len(down.private), scale.steps
     bank = down.private.subset(np.arange(min(len(down.private), 1000)))
@@ -82,13 +114,15 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
 
         out: dict[str, Any] = {}
         fft = [PhaseBudget(name="fft", steps=t, noise_multiplier=sigma_for(scale, n=n, steps=t))]
-        for init in HEAD_INITS:
+        for init in (i for i in HEAD_INITS if i in parts):
             curve: list = []
             model = run(seed, init, fft, curve)
             out.update({f"{init}_acc": test_acc(model, down.test, device), f"{init}_val": test_acc(model, down.val,
                                                                                                     device),
                         f"{init}_knn": curve[-1]["knn"], f"{init}_knn_curve": curve})
         for f in sorted(set(scale.lp_fractions) | {0.5}):  # 0.5 is also the lp_aligned head-init arm
+            if _split_key(f) not in parts:
+                continue
             if scale.noise_multiplier is not None:  # a fixed σ (tests): the same phases, no ε split
                 plan = [PhaseBudget(name=p, steps=k, noise_multiplier=scale.noise_multiplier)
                         for p, k in (("lp", t_lp), ("fft", t))]
@@ -99,16 +133,14 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
                     target_epsilon=scale.epsilon, lp_steps_fraction=t_lp / (t_lp + t)))
             curve = [] if f == 0.5 else None
             model = run(seed, "random", plan, curve)
-            key = f"lpfft{int(round(100 * f))}"
+            key = _split_key(f)
             out.update({f"{key}_acc": test_acc(model, down.test, device), f"{key}_val": test_acc(model, down.val,
                                                                                                   device),
                         f"{key}_sigmas": [b.noise_multiplier for b in plan]})
             if curve is not None:
                 out.update({"lp_aligned_acc": out[f"{key}_acc"], "lp_aligned_knn": curve[-1]["knn"],
                             "lp_aligned_knn_curve": curve})
-        keys = [f"lpfft{int(round(100 * f))}" for f in scale.lp_fractions]
-        chosen = max(keys, key=lambda k: out[f"{k}_val"])
-        out.update({"selected_split": chosen, "selected_acc": out[f"{chosen}_acc"]})
+        out.update(select_split(out, scale.lp_fractions))
         return out
 
     return {"arm": "ke", "scale": scale.name, "seeds": list(scale.seeds), "source_test_acc": source_acc,

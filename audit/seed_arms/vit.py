@@ -43,8 +43,6 @@ whole run, and every ε of a seed starts from the same weights even where GPU ke
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
@@ -55,8 +53,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, load_arm_data, per_seed, phase, sigma_for,
-                                    test_acc, train)
+from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_fit, fit_key, load_arm_data, per_seed,
+                                    phase, sigma_for, test_acc, train)
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
@@ -196,46 +194,16 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
     return {"lr": max(trials, key=rank)["lr"], "trials": trials}
 
 
-#: scale fields that differ between the (seed, ε) jobs of one run and do not touch the pre-training
-_PART_FIELDS = ("seeds", "vit_epsilons")
-
-
 def pretrain_key(scale: ArmScale, pretrain: ImageSet, *, seed: int, lr: float, device) -> dict[str, Any]:
-    """Everything that determines a seed's pre-trained weights: the scale's settings (less :data:`_PART_FIELDS`),
-    the pre-training images' fingerprint, the seed, the learning rate, the device type and torch's version."""
-    fields = {k: v for k, v in vars(scale).items() if k not in _PART_FIELDS}
-    return {"format": 1, "scale": json.loads(json.dumps(fields, sort_keys=True, default=str)),
-            "images": pretrain.fingerprint(), "seed": int(seed), "lr": float(lr),
-            "device": torch.device(device).type, "torch": torch.__version__}
+    """Everything that determines a seed's pre-trained weights (:func:`audit.seed_arms.common.fit_key`)."""
+    return fit_key(scale, pretrain, seed=seed, lr=lr, device=device)
 
 
 def cached_pretrain(cache: str | Path | None, key: dict[str, Any], make: Callable[[], torch.nn.Module],
                     pretrain: Callable[[torch.nn.Module], torch.nn.Module], *, device="cpu") -> torch.nn.Module:
-    """``pretrain(make())``, kept in ``cache`` under ``key`` and loaded from there when present (see the module
-    docstring). Jobs asking for the same key at once wait on a file lock, so it is trained once; a file whose
-    stored key differs, or that does not load, is trained again and replaced. No cache: plain pre-training."""
-    if cache is None:
-        return pretrain(make())
-    from training.io import load_safetensors, save_safetensors, waiting_lock
-
-    text = json.dumps(key, sort_keys=True)
-    path = Path(cache) / f"vit-pretrained-{hashlib.sha256(text.encode()).hexdigest()[:24]}.safetensors"
-    with waiting_lock(path.with_suffix(".lock")):
-        if path.is_file():
-            from safetensors import safe_open
-
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    stored = (f.metadata() or {}).get("key")
-                if stored == text:
-                    model = make()
-                    model.load_state_dict(load_safetensors(path))
-                    return model.to(device)
-            except Exception:  # noqa: BLE001 - safetensors' own error types for a corrupt file; a strict load of
-                pass           # another model's weights: either way the file is not these weights, train again
-        model = pretrain(make())
-        save_safetensors(path, model.state_dict(), metadata={"key": text})
-        return model
+    """``pretrain(make())`` shared by a seed's (ε) jobs through ``cache`` (:func:`audit.seed_arms.common.cached_fit`;
+    see the module docstring)."""
+    return cached_fit(cache, key, make, pretrain, device=device, prefix="vit-pretrained")
 
 
 def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
