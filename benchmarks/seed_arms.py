@@ -74,10 +74,12 @@ SCALES["cpu_hour_vit"] = SCALES["cpu_hour"].with_(
     vit_trials=3, vit_trial_steps=50, vit_probe_images=1000)
 # issue 16's full scale on a GPU machine with all of CIFAR-10 carried as JPEG (`seed_gpu.py prepare --jpeg`, then
 # `decode` there) and the 3,600-image Food-101 slice of `prepare` for the Ke et al. arm's downstream task; crops and
-# flips in every phase, as in the configs' `gpu_full` scale (without them non-DP ResNet-20 stays under 60 %)
+# flips in every phase, as in the configs' `gpu_full` scale (without them non-DP ResNet-20 stays under 60 %); tr(H)
+# (256 held-out images, 32 probes) every 100 of the tr(H) arm's 1,500 steps, 16 points a curve: at every 50 the
+# estimates (~1,000 fwd/bwd-equivalents a run) would double that arm's cost and its jobs would not fit one command
 SCALES["gpu_full"] = SCALES["full"].with_(name="gpu_full", root=".device_data/cifar10_full",
                                           downstream_root=".device_data/food101", downstream_private=2500,
-                                          downstream_val=500, vit_public=20000, augment=True)
+                                          downstream_val=500, vit_public=20000, augment=True, hessian_every=100)
 # the ViT arm for one 15-minute lease at gpu_full's data: ViT-Tiny's width, heads and depth (192, 3, 12; 5.4M
 # parameters) on 8×8 patches (17 tokens, as `cpu_hour_vit`), pre-trained 2,000 steps of batch 256 on 18,000 public
 # CIFAR-10 images with crops and flips (2,000 more are the search's parts), then per (ε, tuned/untuned) 300 steps on

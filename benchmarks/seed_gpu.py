@@ -53,12 +53,22 @@ Size a call before making it: jobs that share the GPU slow each other about in p
 time, 230-270 s with 12), more with tr(H) checks: 15 at once (``continual-dec``, ``scratch``, ``continual``) under
 a 300 s hard deadline all ran past it and none came back. Start at most ``hard`` / 25 s such runs in one call.
 
-The next lease, as planned (the rows still measured at ``cpu_hour`` only): the continual arm at ``gpu_full`` is 25
-jobs of one 1,000-step ResNet-20 run each (~20 s of the whole GPU apiece), the ``continual-dec`` variant 5 more.
-Here first: σ for the arm's 1,000 / 800 DP steps into ``results/sigma-cache`` (``sigma_for`` at n = 10,000); then
-``run --scale gpu_full --arms continual --variants continual-dec --first continual-dec --workers 12 --soft 270
---hard 540`` (two rounds of 12), and the same line with ``--soft 30 --hard 240`` on the warm machine for the last
-6; here ``merge continual --scale gpu_full`` and ``seed_papers.py tables --scale gpu_full``."""
+The next leases, as planned (the arms' rows are still measured at ``cpu_hour`` only). Every arm now splits into
+part jobs of one to three ResNet-20 runs (``seed_arms.SPLITS``), so one lease can finish one arm at ``gpu_full``;
+at ~20 s of the whole GPU per 1,000 DP steps (non-DP steps ~5 times cheaper) the arms need about:
+
+* continual (σ = 0, plateau, membership): 25 jobs of 1,000 steps, ~500 GPU-s; with ``--variants continual-dec``
+  (the decelerator rule at full size) 30 jobs, ~600 GPU-s;
+* Ganesh et al.: 25 jobs of 1,000-2,000 DP steps (each re-runs the cheap 300 public steps), ~700 GPU-s;
+* Ke et al.: one 3,000-step source (shared), 25 jobs of 1,000-1,500 steps on Food-101, ~650 GPU-s;
+* tr(H): 15 jobs of 1,500 steps plus 16 estimates (32 probes, 256 images), the fine-tuning ones after a
+  3,000-step non-DP source, ~700 GPU-s.
+
+Here first, for the arm's σ: ``sigma_for`` at its n and DP steps into ``results/sigma-cache`` (carried). Then
+e.g. ``run --scale gpu_full --arms continual --variants continual-dec --first continual-dec --workers 12 --soft
+270 --hard 540`` (two rounds of 12) and the same line with ``--soft 30 --hard 240`` on the warm machine for the
+last 6; here ``merge continual --scale gpu_full``, ``seed_papers.py tables --scale gpu_full`` and
+``seed_findings.py``. Keep each job's runs × the jobs at once × 20 s under ``--hard``."""
 
 from __future__ import annotations
 
