@@ -11,8 +11,8 @@ from _seed_runs import OUT, ROOT
 
 ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
 RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
-GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} ... (on the GPU machine; see its docstring), then here "
-           "python benchmarks/seed_arms.py merge {arm} --scale {scale}")
+GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} --arms {arm} --no-runs --arm-scale {arm}={scale} (on the "
+           "GPU machine; see its docstring), then here python benchmarks/seed_arms.py merge {arm} --scale {scale}")
 GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on the GPU machine), then here python "
                 "benchmarks/seed_papers.py tables --scale {scale}")
 

@@ -62,7 +62,11 @@ at ~20 s of the whole GPU per 1,000 DP steps (non-DP steps ~5 times cheaper) the
 * Ganesh et al.: 25 jobs of 1,000-2,000 DP steps (each re-runs the cheap 300 public steps), ~700 GPU-s;
 * Ke et al.: one 3,000-step source (shared), 25 jobs of 1,000-1,500 steps on Food-101, ~650 GPU-s;
 * tr(H): 15 jobs of 1,500 steps plus 16 estimates (32 probes, 256 images), the fine-tuning ones after a
-  3,000-step non-DP source, ~700 GPU-s.
+  3,000-step non-DP source, ~700 GPU-s;
+* the ViT again at ``gpu_full_vit_long`` (``--arms vit --no-runs --arm-scale vit=gpu_full_vit_long --workers 20``):
+  one shared 8,000-step pre-training (the first job trains it, the other 19 wait on its cache; the 2,000-step
+  ones took ~140 s five at a time, alone it is unmeasured), then the 20 (seed, ε) fine-tunings, ~420 s at once as
+  measured. If the first command stops them, the same line on the warm machine finds the cached model.
 
 Here first, for the arm's σ: ``sigma_for`` at its n and DP steps into ``results/sigma-cache`` (carried). Then
 e.g. ``run --scale gpu_full --arms continual --variants continual-dec --first continual-dec --workers 12 --soft
@@ -122,8 +126,9 @@ def prepare(shared: Path) -> None:
     print(f"wrote {DATA}: {sum(p.stat().st_size for p in DATA.rglob('*') if p.is_file()) / 2**20:.1f} MiB")
 
 
-def arm_scale(arm: str, base: str = "gpu") -> str:
-    return ARM_SCALE.get(base, {}).get(arm, base)
+def arm_scale(arm: str, base: str = "gpu", overrides: dict[str, str] | None = None) -> str:
+    """The :mod:`seed_arms` scale an arm runs at under ``--scale base`` (``overrides``: ``--arm-scale``)."""
+    return (overrides or {}).get(arm) or ARM_SCALE.get(base, {}).get(arm, base)
 
 
 def pack_jpeg(shared: Path, dest: Path, quality: int = 75) -> None:
@@ -178,7 +183,7 @@ def _job(kind: str, name: str, key, base: str = "gpu", part=None) -> dict:
     if kind == "arm":
         import seed_arms
 
-        seed_arms.run_arm(name, arm_scale(name, base), key, part)
+        seed_arms.run_arm(name, base, key, part)  # an arm job's base is its arm scale (jobs())
     else:
         from _seed_runs import _run_one
 
@@ -187,9 +192,10 @@ def _job(kind: str, name: str, key, base: str = "gpu", part=None) -> dict:
             "end": time.time()}
 
 
-def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str = "gpu"
-         ) -> list[tuple]:
-    """Pending jobs, seed-major: for each seed, its arms (longest first) then its continual-config variants."""
+def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str = "gpu",
+         overrides: dict[str, str] | None = None) -> list[tuple]:
+    """Pending jobs, seed-major: for each seed, its arms (longest first) then its continual-config variants. An
+    arm job names the arm's own scale (:func:`arm_scale`), a variant job the base scale."""
     import re
 
     import seed_arms
@@ -200,20 +206,22 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
     variants = [v for v in (variant_names(cfg) if runs else []) if bases is None or v.rsplit("-s", 1)[0] in bases]
     out = []
     for seed in seed_arms.SCALES[scale].seeds:
-        for a in (a for a in ARM_ORDER if a in arms and seed in seed_arms.SCALES[arm_scale(a, scale)].seeds):
-            # the ViT arm one job per (seed, ε), the continual arm one per (seed, training): each short enough
-            # to finish inside one command, and as many at once as the GPU holds
-            split = (seed_arms.split_parts(a, seed_arms.SCALES[arm_scale(a, scale)]) if a in seed_arms.SPLITS
-                     else (None,))
-            out += [("arm", a, seed, scale, e) for e in split
-                    if not seed_arms.part_path(arm_scale(a, scale), a, seed, e).exists()]
+        for a in (a for a in ARM_ORDER if a in arms):
+            sc = arm_scale(a, scale, overrides)
+            if seed not in seed_arms.SCALES[sc].seeds:
+                continue
+            # the ViT arm one job per (seed, ε), the other arms one per (seed, training or run): each short
+            # enough to finish inside one command, and as many at once as the GPU holds
+            split = seed_arms.split_parts(a, seed_arms.SCALES[sc]) if a in seed_arms.SPLITS else (None,)
+            out += [("arm", a, seed, sc, e) for e in split if not seed_arms.part_path(sc, a, seed, e).exists()]
         out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)
                 and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
     return out
 
 
 def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bases: list[str] | None = None,
-        first: list[str] = (), scale: str = "gpu", *, job=None, log_path: Path | None = None) -> None:
+        first: list[str] = (), scale: str = "gpu", *, overrides: dict[str, str] | None = None, job=None,
+        log_path: Path | None = None) -> None:
     """Run the pending jobs (:func:`jobs`) until the deadlines; ``job`` (a module-level function, default
     :func:`_job`) and ``log_path`` (default ``results/seed_gpu_jobs.jsonl``) are for tests."""
     import multiprocessing as mp
@@ -222,7 +230,7 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
     job, log_path = job or _job, log_path or LOG
     os.chdir(ROOT)
     os.environ["DP_AUDIT_SIGMA_CACHE"] = str(SIGMA_CACHE)
-    todo = jobs(arms, runs, bases, scale)
+    todo = jobs(arms, runs, bases, scale, overrides)
     todo.sort(key=lambda j: (j[1] if j[0] == "arm" else str(j[2]).rsplit("-s", 1)[0]) not in first)  # stable
     # the soft deadline counts from here, once the queue is known: the imports and the scan of finished jobs take
     # seconds, and a short --soft measured from the start let no job start at all (the gpu_full lease's resume call)
@@ -329,7 +337,9 @@ def pack(dest: Path) -> None:
     """One tarball of everything a later table needs (no checkpoints)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w:gz") as tar:
-        names = {b for b in ARM_SCALE} | {s for m in ARM_SCALE.values() for s in m.values()} | {"gpu_full"}
+        import seed_arms
+
+        names = {n for n in seed_arms.SCALES if n.startswith("gpu")}
         arms = sorted(p for d in names for p in (ROOT / "results/seed_arms" / d).rglob("*.json"))
         for p in arms:
             tar.add(p, arcname=str(p.relative_to(ROOT)))
@@ -361,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--workers", type=int, default=8)
     r.add_argument("--scale", choices=("gpu", "gpu_full"), default="gpu",
                    help="gpu: the 11,000-image slice; gpu_full: all of CIFAR-10 after `prepare --jpeg` and `decode`")
+    r.add_argument("--arm-scale", nargs="*", default=[], metavar="ARM=SCALE",
+                   help="run an arm at another seed_arms scale, e.g. vit=gpu_full_vit_long")
     r.add_argument("--soft", type=float, default=420.0,
                    help="seconds after the queue is ready (imports and the scan done) after which no job starts")
     r.add_argument("--hard", type=float, default=540.0, help="seconds after which running jobs are stopped")
@@ -379,7 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "decode":
         unpack_jpeg(args.src, args.folder)
     elif args.cmd == "run":
-        run(args.arms, not args.no_runs, args.workers, args.soft, args.hard, args.variants, args.first, args.scale)
+        import seed_arms
+
+        overrides = dict(a.split("=", 1) for a in args.arm_scale if "=" in a)
+        bad = [a for a in args.arm_scale if "=" not in a] + [f"{k}={v}" for k, v in overrides.items()
+                                                              if k not in ARM_ORDER or v not in seed_arms.SCALES]
+        if bad:
+            parser.error(f"--arm-scale takes ARM=SCALE with an arm of {', '.join(ARM_ORDER)} and a scale of "
+                         f"benchmarks/seed_arms.py, got {' '.join(bad)}")
+        run(args.arms, not args.no_runs, args.workers, args.soft, args.hard, args.variants, args.first, args.scale,
+            overrides=overrides)
     elif args.cmd == "unpack":
         unpack(args.tarball)
     elif args.cmd == "profile":

@@ -198,3 +198,36 @@ def test_pretrained_cache_trains_once_per_seed_and_matches_a_plain_run(data, tmp
     calls.clear()
     vit_arm(one.with_(source_steps=TINY.source_steps + 1), data=data, pretrained_cache=tmp_path)  # another key
     assert calls.count("public") == 1 and len(list(tmp_path.glob("*.safetensors"))) == 2
+
+
+def test_a_shared_pretraining_is_trained_once_for_every_seed_with_its_schedule(data, tmp_path, monkeypatch):
+    """vit_shared_pretrain: every seed fine-tunes the one public model (seed 0), trained once per process and once
+    across the (seed, ε) jobs of a cache; the seeds still vary the fine-tuning. The schedule reaches the
+    pre-training phase only, and changes what it learns."""
+    import audit.seed_arms.vit as vit
+
+    specs = []
+    real = vit.train
+
+    def recording(model, phases, **kw):
+        specs.extend(phases)
+        return real(model, phases, **kw)
+
+    monkeypatch.setattr(vit, "train", recording)
+    two = TINY.with_(seeds=(0, 1), vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True,
+                     vit_pretrain_schedule="cosine", vit_pretrain_warmup=2)
+    per = vit_arm(two, data=data)["per_seed"]
+    public = [s for s in specs if s.name == "public"]
+    assert len(public) == 1 and public[0].optim.schedule == "cosine" and public[0].optim.warmup_steps == 2
+    assert all(s.optim.schedule == "constant" for s in specs if s.name != "public")
+    assert per["pretrain_D"][0] == per["pretrain_D"][1]  # one model for both seeds
+    assert per["eps8_untuned_D"][0] != per["eps8_untuned_D"][1]  # the seeds vary the fine-tuning
+    own = vit_arm(two.with_(vit_shared_pretrain=False, seeds=(1,)), data=data)["per_seed"]
+    assert own["pretrain_D"][0] != per["pretrain_D"][1]  # seed 1's own pre-training is another model
+    flat = vit_arm(two.with_(vit_pretrain_schedule="constant", vit_pretrain_warmup=0, seeds=(0,)),
+                   data=data)["per_seed"]
+    assert flat["pretrain_D"][0] != per["pretrain_D"][0]  # the schedule changed the pre-training
+    specs.clear()
+    for seed in (1, 0):  # (seed, ε) jobs of two seeds with one cache: one pre-training in all
+        vit_arm(two.with_(seeds=(seed,)), data=data, pretrained_cache=tmp_path)
+    assert sum(s.name == "public" for s in specs) == 1

@@ -336,3 +336,12 @@ def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
     done.parent.mkdir(parents=True)
     done.write_text("{}")
     assert len(seed_gpu.jobs(["continual"], False, scale="gpu_full")) == len(seeds) * len(CONTINUAL_ARMS) - 1
+    # an arm job names its own scale: gpu_full's ViT by default, another one by --arm-scale
+    assert {j[3] for j in todo if j[1] == "vit"} == {"gpu_full_vit"} and {j[3] for j in todo if j[1] == "ke"} == {
+        "gpu_full"}
+    long = seed_gpu.jobs(["vit"], False, scale="gpu_full", overrides={"vit": "gpu_full_vit_long"})
+    assert len(long) == 20 and {j[3] for j in long} == {"gpu_full_vit_long"}
+    for bad in (["vit"], ["vit=nowhere"], ["nope=gpu_full"]):
+        with pytest.raises(SystemExit) as exc:
+            seed_gpu.main(["run", "--scale", "gpu_full", "--arm-scale", *bad])
+        assert exc.value.code == 2

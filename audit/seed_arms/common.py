@@ -60,7 +60,10 @@ class ArmScale:
     (``inf``: non-DP), the tuning search (``vit_trials`` trials of ``vit_trial_steps`` steps, learning rates
     log-uniform in ``lr`` times ``vit_lr_range``, on the ``vit_tune_fraction`` of the public images held out of
     pre-training), ``vit_probe_images`` test images for the per-block features, ``vit_public`` public images
-    (None: ``public``) and ``vit_pretrain_augment`` (:data:`CROP_FLIP` in the ViT's public pre-training).
+    (None: ``public``), ``vit_pretrain_augment`` (:data:`CROP_FLIP` in the ViT's public pre-training),
+    ``vit_shared_pretrain`` (one public pre-trained model, seed 0, for every seed, whose seeds then vary the
+    fine-tuning and the search only, as a study of one public checkpoint does) and the pre-training's learning-rate
+    ``vit_pretrain_schedule`` (``optim.schedule``) and ``vit_pretrain_warmup`` steps.
     ``augment`` puts :data:`CROP_FLIP` (random crops with 4 pixels of reflected padding, horizontal flips) in every
     phase of every arm, DP ones included: each example still gives one clipped gradient, so the DP analysis is
     unchanged (ResNet-20 on 20,000 CIFAR-10 images needs it to pass 60 % non-DP in 1,000 steps).
@@ -118,6 +121,9 @@ class ArmScale:
     vit_probe_images: int = 1000
     vit_public: int | None = None
     vit_pretrain_augment: bool = False
+    vit_shared_pretrain: bool = False
+    vit_pretrain_schedule: str = "constant"
+    vit_pretrain_warmup: int = 0
     augment: bool = False
     grad_sample_mode: str = "hooks"
     continual_arms: tuple[str, ...] = CONTINUAL_ARMS
@@ -212,10 +218,12 @@ def _sigma(epsilon: float, q: float, steps: int, delta: float, accountant: str) 
 
 def phase(name: str, images: ImageSet, *, scale: ArmScale, steps: int, sigma: float | None, seed: int, index: int,
           lr: float | None = None, trainable: Sequence[str] | None = None, lr_scales: dict[str, float] | None = None,
-          members: np.ndarray | None = None, augment: AugmentConfig | None = None) -> PhaseSpec:
+          members: np.ndarray | None = None, augment: AugmentConfig | None = None, schedule: str = "constant",
+          warmup_steps: int = 0) -> PhaseSpec:
     """One phase on ``images`` (rows ``members``): DP with noise multiplier ``sigma`` (0 allowed: clipping only) or,
     with ``sigma`` None, non-DP with shuffled batches; sampler seed = ``phase_seed(seed, index)``; ``augment``: the
-    phase's training-time augmentation (None: :data:`CROP_FLIP` when ``scale.augment``, else none)."""
+    phase's training-time augmentation (None: :data:`CROP_FLIP` when ``scale.augment``, else none); ``schedule``
+    and ``warmup_steps``: the learning rate over the phase's steps (``optim.schedule``, ``optim.warmup_steps``)."""
     from training.recipes.common import phase_seed
 
     if augment is None and scale.augment:
@@ -225,7 +233,8 @@ def phase(name: str, images: ImageSet, *, scale: ArmScale, steps: int, sigma: fl
     privacy = (PrivacyConfig(enabled=True, noise_multiplier=1.0, max_grad_norm=scale.clip,
                              grad_sample_mode=scale.grad_sample_mode) if dp
                else PrivacyConfig(enabled=False, sampling="shuffle"))
-    optim = OptimConfig(name=scale.optim, lr=lr or scale.lr, lr_scales=dict(lr_scales or {}))
+    optim = OptimConfig(name=scale.optim, lr=lr or scale.lr, lr_scales=dict(lr_scales or {}), schedule=schedule,
+                        warmup_steps=int(warmup_steps))
     return PhaseSpec(name=name, dp=dp, dataset=scale.dataset, x=images.x, y=images.y, index=members,
                      batch_size=min(scale.batch_size, len(images) if members is None else len(members)),
                      steps=int(steps), sigma=float(sigma) if dp else None, privacy=privacy, optim=optim,

@@ -8,7 +8,9 @@ Transformer keeps that law, and how ε and hyper-parameter tuning move it. Per s
 1. a ``scale.vit_arch`` ViT (timm, ``scale.vit_kwargs``; patch 4 on 32×32 images through the project's model
    builder, Opacus-ready) is pre-trained non-DP for ``source_steps`` on the *pre-training part* of the public
    images (no hub weights can be fetched; the public images are a disjoint split of the same training file), with
-   random crops and flips (:data:`~audit.seed_arms.common.CROP_FLIP`) when ``scale.vit_pretrain_augment``;
+   random crops and flips (:data:`~audit.seed_arms.common.CROP_FLIP`) when ``scale.vit_pretrain_augment`` and the
+   learning rate over ``scale.vit_pretrain_schedule``; with ``scale.vit_shared_pretrain`` once (seed 0) for every
+   seed, as a study of one public checkpoint has it, and the seeds vary what follows;
 2. for every ε of ``vit_epsilons`` it is fine-tuned on the private images for ``steps`` steps, DP with σ by
    ``sigma_for`` (the scale's accountant; ``inf``: non-DP, σ none), once *untuned* (the default learning rate)
    and once *tuned*: a seeded random search (:func:`lr_search`) of ``vit_trials`` learning rates, log-uniform in
@@ -233,13 +235,25 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
         out.update({f"{key}_{k}": v for k, v in block_profile(model, probe, device=device).items()})
         out.update({f"{key}_lr": float(lr), f"{key}_sigma": sigma})
 
+    shared: dict[int, torch.nn.Module] = {}  # a shared pre-training, trained once in this process
+
+    def pretrain_for(seed: int) -> torch.nn.Module:
+        ps = 0 if scale.vit_shared_pretrain else seed
+        if ps not in shared:
+            pre = phase("public", parts.pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=ps,
+                        index=0, lr=base, augment=CROP_FLIP if scale.vit_pretrain_augment else None,
+                        schedule=scale.vit_pretrain_schedule, warmup_steps=scale.vit_pretrain_warmup)
+            made = cached_pretrain(
+                pretrained_cache, pretrain_key(scale, parts.pretrain, seed=ps, lr=base, device=device),
+                lambda: build(scale, data, seed=ps, device=device, arch=scale.vit_arch, kwargs=scale.vit_kwargs),
+                lambda model: train(model, [pre], seed=ps, device=device), device=device)
+            if not scale.vit_shared_pretrain:
+                return made
+            shared[ps] = made
+        return shared[ps]
+
     def one(seed: int) -> dict[str, Any]:
-        pre = phase("public", parts.pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0,
-                    lr=base, augment=CROP_FLIP if scale.vit_pretrain_augment else None)
-        pretrained = cached_pretrain(
-            pretrained_cache, pretrain_key(scale, parts.pretrain, seed=seed, lr=base, device=device),
-            lambda: build(scale, data, seed=seed, device=device, arch=scale.vit_arch, kwargs=scale.vit_kwargs),
-            lambda model: train(model, [pre], seed=seed, device=device), device=device)
+        pretrained = pretrain_for(seed)
         prof = block_profile(pretrained, probe, device=device)
         blocks[:] = [len(prof["D"])]
         out: dict[str, Any] = {"pretrain_acc": test_acc(pretrained, data.test, device), "pretrain_D": prof["D"],
@@ -258,6 +272,8 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
             "fit_dof": blocks[0] - 2 if blocks else None, "pooling": POOLING, "probe_images": len(probe),
             "epsilons": [eps_tag(e) for e in epsilons], "sigmas": {eps_tag(e): s for e, s in sigmas.items()},
             "accountant": scale.accountant, "delta": scale.delta, "steps": t, "source_steps": scale.source_steps,
+            "shared_pretrain": bool(scale.vit_shared_pretrain),
+            "pretrain_schedule": {"schedule": scale.vit_pretrain_schedule, "warmup_steps": scale.vit_pretrain_warmup},
             "default_lr": base,
             "pretrain_augment": CROP_FLIP.model_dump() if scale.vit_pretrain_augment or scale.augment else None,
             "tuning_privacy_cost": TUNING_PRIVACY_COST,
