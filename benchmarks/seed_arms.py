@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from audit.seed_arms import ARMS, ArmScale  # noqa: E402
+from audit.seed_arms import ARMS, SPLITS, ArmScale  # noqa: E402
 
 #: the named scales; ``cpu`` finishes in minutes on a shared 2-core CPU, ``full`` is issue 16's (≥ 1,000 steps,
 #: 5 seeds, a non-DP CIFAR-10 model above 60 % needs the ResNet and a GPU)
@@ -111,46 +111,10 @@ SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=
 OUT = ROOT / "results/seed_arms"
 
 
-#: arms whose seed can be split into independent parts, one job each (``seed_gpu.py``), and the ArmScale field a
-#: part narrows to its one value: the ViT arm per ε, the continual arm per training (σ = 0, plateau, ...), the
-#: Ganesh et al. arm per public budget and barrier pair (:func:`audit.seed_arms.ganesh.ganesh_parts`), the tr(H)
-#: arm per training (non-DP and DP pre-training, DP fine-tuning), the Ke et al. arm per run (head init, LP-FFT split)
-SPLITS = {"vit": "vit_epsilons", "continual": "continual_arms", "ganesh": "ganesh_parts", "trace": "trace_runs",
-          "ke": "ke_parts"}
-
-
-def split_parts(name: str, scale: ArmScale) -> list:
-    """The parts one seed of a :data:`SPLITS` arm splits into at ``scale``."""
-    if name in ("ganesh", "ke"):
-        from audit.seed_arms.ganesh import ganesh_parts
-        from audit.seed_arms.ke import ke_parts
-
-        chosen = getattr(scale, SPLITS[name])
-        return list(chosen) if chosen is not None else {"ganesh": ganesh_parts, "ke": ke_parts}[name](scale)
-    return list(getattr(scale, SPLITS[name]))
-
-
-def _part_done(name: str, part, merged: dict) -> bool:
-    """Whether a merged arm kept ``part`` (the per-seed key it alone writes survived the join over seeds)."""
-    if name == "vit":
-        return _tag(name, part) in merged["epsilons"]
-    barrier = {"same": "barrier_same_public", "random": "barrier_random"} if name == "ganesh" else {}
-    key = barrier.get(part, f"{part}_acc")  # the others: <training>_acc, <head init or split>_acc
-    return key in merged["per_seed"]
-
-
-def _tag(name: str, part) -> str:
-    if name == "vit":
-        from audit.seed_arms.vit import eps_tag
-
-        return eps_tag(float(part))
-    return str(part)
-
-
 def part_path(scale_name: str, name: str, seed: int, part=None) -> Path:
     """Where one seed of an arm is kept when seeds run as separate jobs (``run --seeds``); an arm of
     :data:`SPLITS` can split further, one part per (seed, ε) or (seed, training)."""
-    tag = "" if part is None else "." + _tag(name, part)
+    tag = "" if part is None else "." + SPLITS[name].tag(part)
     return OUT / scale_name / "parts" / f"{name}.s{seed}{tag}.json"
 
 
@@ -195,16 +159,14 @@ def merge(name: str, scale_name: str) -> dict | None:
         out["epsilons"] = [e for e in out["epsilons"] if f"{e}_tuned_acc" in out["per_seed"]]
         out["sigmas"] = {e: out["sigmas"][e] for e in out["epsilons"]}
     out["scale_settings"] = {**parts[0]["scale_settings"], "seeds": out["seeds"]}
-    if name in SPLITS:  # each part ran at its one value: the merged run's settings name the values it kept
-        field = SPLITS[name]
-        values = [v for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json"))
-                  for v in json.loads(p.read_text())["scale_settings"].get(field) or []]
-        values = [float(v) for v in values] if name == "vit" else values
-        kept = {v for v in values if _part_done(name, v, out)}
-        order = split_parts(name, SCALES[scale_name]) if scale_name in SCALES else []
-        if values:  # (whole-seed parts of an unsplit run leave a None field as it was)
-            out["scale_settings"][field] = sorted(kept, key=lambda v: (order.index(v) if v in order else len(order),
-                                                                       str(v)))
+    split = SPLITS[name]  # each part ran at its one value: the merged run's settings name the values it kept
+    values = [split.load(v) for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json"))
+              for v in json.loads(p.read_text())["scale_settings"].get(split.field) or []]
+    if values:  # (whole-seed parts of an unsplit run leave a None field as it was)
+        kept = {v for v in values if split.marker(v) in out["per_seed"]}
+        order = split.parts(SCALES[scale_name]) if scale_name in SCALES else []
+        out["scale_settings"][split.field] = sorted(kept, key=lambda v: (order.index(v) if v in order
+                                                                         else len(order), str(v)))
     write_json(OUT / scale_name / f"{name}.json", out)
     return out
 
@@ -221,10 +183,10 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> t
     torch.set_num_threads(1)
     os.chdir(ROOT)
     scale = SCALES[scale_name] if seed is None else SCALES[scale_name].with_(seeds=(seed,))
-    if part is not None:  # one (seed, ε) part of the ViT arm, one (seed, training) part of the continual arm
-        if name not in SPLITS or seed is None:
-            raise ValueError(f"only {', '.join(SPLITS)} split into parts, and only one seed at a time")
-        scale = scale.with_(**{SPLITS[name]: (part,)})
+    if part is not None:  # one part of a seed (audit.seed_arms.SPLITS)
+        if seed is None:
+            raise ValueError("a part is one seed's: give the seed")
+        scale = scale.with_(**{SPLITS[name].field: (part,)})
     device = resolve_device("auto")
     t0 = time.perf_counter()
     # the ViT arm's (seed, ε) jobs of one seed share its pre-trained weights through a cache beside the parts

@@ -212,7 +212,7 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
                 continue
             # the ViT arm one job per (seed, ε), the other arms one per (seed, training or run): each short
             # enough to finish inside one command, and as many at once as the GPU holds
-            split = seed_arms.split_parts(a, seed_arms.SCALES[sc]) if a in seed_arms.SPLITS else (None,)
+            split = seed_arms.SPLITS[a].parts(seed_arms.SCALES[sc])
             out += [("arm", a, seed, sc, e) for e in split if not seed_arms.part_path(sc, a, seed, e).exists()]
         out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)
                 and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]

@@ -236,7 +236,7 @@ def test_training_parts_merge_to_the_whole_arm(tmp_path, monkeypatch, arm):
     assert again["scale_settings"][field] == [a for a in names if a != names[1]]
     with pytest.raises(ValueError, match=field):
         fn(TINY.with_(**{field: ("noisy",)}))
-    with pytest.raises(ValueError, match="split"):
+    with pytest.raises(ValueError, match="seed"):
         seed_arms.run_arm(arm, "tiny_split", None, names[0])  # a part is one seed's
 
 

@@ -14,18 +14,59 @@
   separation fuzziness and prediction residual with their geometric fits.
 
 Each returns a JSON-able dict with ``per_seed`` lists; ``benchmarks/seed_arms.py`` runs them at a named scale and
-``results/reference/seed_findings.md`` states what they show.
+``results/reference/seed_findings.md`` states what they show. :data:`SPLITS` says how one seed of each arm splits
+into independent parts (a GPU queue runs one job each; joined, they are the arm run whole).
 
 >>> sorted(ARMS)
 ['continual', 'ganesh', 'ke', 'trace', 'vit']
+>>> SPLITS["continual"].parts(ArmScale(name="x"))
+['nondp', 'clip_only', 'scratch', 'continual', 'plateau']
 """
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from audit.seed_arms.bu import continual_arm, trace_arm
 from audit.seed_arms.common import ArmScale
-from audit.seed_arms.ganesh import ganesh_arm
-from audit.seed_arms.ke import ke_arm
-from audit.seed_arms.vit import vit_arm
+from audit.seed_arms.ganesh import ganesh_arm, ganesh_parts
+from audit.seed_arms.ke import ke_arm, ke_parts
+from audit.seed_arms.vit import eps_tag, vit_arm
 
-__all__ = ["ARMS", "ArmScale", "continual_arm", "trace_arm", "ke_arm", "ganesh_arm", "vit_arm"]
+__all__ = ["ARMS", "SPLITS", "Split", "ArmScale", "continual_arm", "trace_arm", "ke_arm", "ganesh_arm", "vit_arm"]
 
 ARMS = {"continual": continual_arm, "trace": trace_arm, "ke": ke_arm, "ganesh": ganesh_arm, "vit": vit_arm}
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one seed of an arm splits into parts.
+
+    Attributes:
+        field: the :class:`ArmScale` field a part narrows to its one value.
+        parts: the parts of one seed at a scale.
+        tag: a part's name in file names.
+        marker: a per-seed key that only that part writes (so a joined result shows which parts it holds).
+        load: a part's value as read back from JSON (ε: ``"inf"`` → ``inf``).
+    """
+
+    field: str
+    parts: Callable[[ArmScale], list]
+    tag: Callable[[Any], str] = str
+    marker: Callable[[Any], str] = "{}_acc".format
+    load: Callable[[Any], Any] = lambda v: v
+
+
+def _chosen(field: str, every: Callable[[ArmScale], list]) -> Callable[[ArmScale], list]:
+    return lambda scale: list(getattr(scale, field)) if getattr(scale, field) is not None else every(scale)
+
+
+SPLITS = {
+    "vit": Split("vit_epsilons", lambda s: [float(e) for e in s.vit_epsilons], tag=lambda e: eps_tag(float(e)),
+                 marker=lambda e: f"{eps_tag(float(e))}_tuned_acc", load=float),
+    "continual": Split("continual_arms", lambda s: list(s.continual_arms)),
+    "trace": Split("trace_runs", lambda s: list(s.trace_runs)),
+    "ganesh": Split("ganesh_parts", _chosen("ganesh_parts", ganesh_parts),
+                    marker=lambda p: {"same": "barrier_same_public", "random": "barrier_random"}.get(p, f"{p}_acc")),
+    "ke": Split("ke_parts", _chosen("ke_parts", ke_parts)),
+}
