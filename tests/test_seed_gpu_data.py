@@ -25,8 +25,19 @@ def test_jpeg_pack_round_trip(tmp_path):
         x = np.stack([smooth(k + 1) for k in range(n)])
         np.savez(shared / "cifar10" / f"{split}.npz", x=x, y=rng.integers(0, 10, n))
     (shared / "cifar10" / "classes.txt").write_text("\n".join(f"c{i}" for i in range(10)) + "\n")
+    (shared / "food101").mkdir()  # the Ke et al. arm's slice travels in the same pack
+    for split, n in (("train", 3100), ("test", 650)):
+        np.savez(shared / "food101" / f"{split}.npz", x=np.stack([smooth(k % 7 + 2) for k in range(n)]),
+                 y=np.arange(n) % 10)
+    (shared / "food101" / "classes.txt").write_text("\n".join(f"f{i}" for i in range(10)) + "\n")
     seed_gpu.pack_jpeg(shared, tmp_path / "pack.npz")
     seed_gpu.unpack_jpeg(tmp_path / "pack.npz", tmp_path / "out")
+    food = seed_gpu._food_slice(shared)
+    for split, n in (("train", 3000), ("test", 600)):
+        with np.load(tmp_path / "food101" / f"{split}.npz") as b:
+            assert b["x"].shape == (n, 32, 32, 3) and np.array_equal(b["y"], food[split][1])
+            assert np.abs(b["x"].astype(int) - food[split][0].astype(int)).mean() < 3  # a JPEG round trip
+    assert (tmp_path / "food101" / "classes.txt").read_text().split() == [f"f{i}" for i in range(10)]
     for split in ("train", "test"):
         with np.load(shared / "cifar10" / f"{split}.npz") as a, np.load(tmp_path / "out" / f"{split}.npz") as b:
             assert b["x"].shape == a["x"].shape and b["x"].dtype == np.uint8
