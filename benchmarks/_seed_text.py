@@ -128,6 +128,9 @@ LEFT_OUT = [
     "decelerator-rule runs have not run at that size: their rows are from `cpu_hour`, where non-DP is 33-37 %. "
     "The ViT lease's last 5 minutes tried the `continual-dec`, `scratch` and `continual` variants at `gpu_full`, "
     "15 runs at once under a 300 s hard deadline. At that concurrency a run needs more than 300 s (12 at once took "
-    "230-270 s, without the rule's tr(H) checks), so all 15 were stopped and none came back: the next lease runs "
-    "them 5 at a time (110-130 s each), `continual-dec` first.",
+    "230-270 s, without the rule's tr(H) checks), so all 15 were stopped and none came back. Since then every arm "
+    "splits into part jobs of one to three runs (one per training, public budget, head init or split), the Ke et "
+    "al. arm's Food-101 slice travels in the JPEG pack, and `benchmarks/seed_gpu.py`'s docstring plans the leases: "
+    "about 500-700 s of the whole GPU per arm, one arm a lease, plus the ViT again with one shared 8,000-step "
+    "pre-training (`gpu_full_vit_long`).",
 ]
