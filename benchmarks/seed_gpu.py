@@ -65,9 +65,10 @@ at ~20 s of the whole GPU per 1,000 DP steps (non-DP steps ~5 times cheaper) the
 * tr(H): 15 jobs of 1,500 steps plus 16 estimates (32 probes, 256 images), the fine-tuning ones after a
   3,000-step non-DP source, ~700 GPU-s;
 * the ViT again at ``gpu_full_vit_long`` (``--arms vit --no-runs --arm-scale vit=gpu_full_vit_long --workers 20``):
-  one shared 8,000-step pre-training (the first job trains it, the other 19 wait on its cache; the 2,000-step
+  one shared 8,000-step pre-training (the first job trains it, the others wait on its cache; the 2,000-step
   ones took ~140 s five at a time, alone it is unmeasured), then the 20 (seed, ε) fine-tunings, ~420 s at once as
-  measured. If the first command stops them, the same line on the warm machine finds the cached model.
+  measured. Safer in two calls on the warm machine: ``--workers 1 --soft 1`` (the pre-training and one job; its
+  time says what is left), then ``--workers 19`` for the rest, which find the cached model.
 
 Here first, for the arm's σ: ``sigma_for`` at its n and DP steps into ``results/sigma-cache`` (carried). Then
 e.g. ``run --scale gpu_full --arms continual --variants continual-dec --first continual-dec --workers 12 --soft
