@@ -1,0 +1,91 @@
+"""The ViT arm's public pre-training recipe on this CPU: learning-rate schedule and length against test accuracy.
+
+The GPU ViT arm (``gpu_full_vit``) pre-trained each seed for 2,000 constant-rate steps and reached 44.8 %, under
+issue 16's 60 %. Its next scale (``gpu_full_vit_long``) spends the lease's pre-training on one longer run with a
+cosine schedule. This measures, at the CPU arm's size (``cpu_hour_vit``: the 64-wide 12-block ViT on 8×8 patches,
+18,000 public CIFAR-10 images, batch 128, AdamW at 1e-3), what the schedule and the length do, one process per
+run of one torch thread, the arm's own phase/train/test functions::
+
+    .venv/bin/python benchmarks/vit_pretrain_probe.py --runs constant:0:2000 cosine:100:2000 cosine:400:8000 \\
+        --seeds 0 1 --workers 2 --out results/reference/vit_pretrain_probe.md
+
+Each ``--runs`` entry is ``schedule:warmup:steps``; accuracy is on the arm's 1,000 test images. Seeds pair the
+schedules (one initialisation and batch order per seed)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import remake_section, run_script  # noqa: E402
+
+SCALE = "cpu_hour_vit"
+
+
+def one(schedule: str, warmup: int, steps: int, seed: int) -> tuple[float, float]:
+    """(test accuracy, seconds) of one pre-training run."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    import seed_arms
+
+    from audit.seed_arms.common import build, load_arm_data, phase, test_acc, train
+    from audit.seed_arms.vit import public_parts
+
+    sc = seed_arms.SCALES[SCALE]
+    data = load_arm_data(sc.with_(public=sc.vit_public))
+    parts = public_parts(data.public, sc.vit_tune_fraction)
+    t0 = time.perf_counter()
+    model = build(sc, data, seed=seed, arch=sc.vit_arch, kwargs=sc.vit_kwargs)
+    model = train(model, [phase("public", parts.pretrain, scale=sc, steps=steps, sigma=None, seed=seed, index=0,
+                                lr=sc.vit_lr, schedule=schedule, warmup_steps=warmup)], seed=seed)
+    return test_acc(model, data.test, "cpu"), time.perf_counter() - t0
+
+
+def parse_run(text: str) -> tuple[str, int, int]:
+    try:
+        schedule, warmup, steps = text.split(":")
+        return schedule, int(warmup), int(steps)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a run is schedule:warmup:steps, e.g. cosine:100:2000; got {text!r}")
+
+
+def make_table(args: argparse.Namespace) -> str:
+    import multiprocessing as mp
+
+    jobs = [(r, s) for r in args.runs for s in args.seeds]
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
+        futs = {job: pool.submit(one, *job[0], job[1]) for job in jobs}
+        res = {job: f.result() for job, f in futs.items()}
+    lines = ["# ViT pre-training recipe (CPU probe)", "", __doc__.split("\n\n")[1].replace("\n", " "), "",
+             "| schedule | warm-up | steps | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean | seconds "
+             "per run |", "|---|---|---|" + "---|" * len(args.seeds) + "---|---|"]
+    for r in args.runs:
+        accs = [res[(r, s)][0] for s in args.seeds]
+        secs = statistics.mean(res[(r, s)][1] for s in args.seeds)
+        lines.append(f"| {r[0]} | {r[1]} | {r[2]:,} | " + " | ".join(f"{100 * a:.1f} %" for a in accs)
+                     + f" | {100 * statistics.mean(accs):.1f} % | {secs:.0f} |")
+    return "\n".join(lines + ["", f"Machine: {os.cpu_count()} CPU cores, one torch thread per run.", "",
+                              *remake_section("vit_pretrain_probe.py")])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run("constant:0:2000"),
+                                                                      parse_run("cosine:100:2000")])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--workers", type=int, default=2)
+    run_script(parser, make_table, argv, seed=False)
+
+
+if __name__ == "__main__":
+    main()
