@@ -70,7 +70,8 @@ at ~20 s of the whole GPU per 1,000 DP steps (non-DP steps ~5 times cheaper) the
   measured. Safer in two calls on the warm machine: ``--workers 1 --soft 1`` (the pre-training and one job; its
   time says what is left), then ``--workers 19`` for the rest, which find the cached model.
 
-Here first, for the arm's σ: ``sigma_for`` at its n and DP steps into ``results/sigma-cache`` (carried). Then
+σ: each job calibrates what it needs into the shared cache, seconds each; calibrating here first and carrying
+``results/sigma-cache`` saves that (done 2026-11-26 for every arm above and ``continual-dec``). Then
 e.g. ``run --scale gpu_full --arms continual --variants continual-dec --first continual-dec --workers 12 --soft
 270 --hard 540`` (two rounds of 12) and the same line with ``--soft 30 --hard 240`` on the warm machine for the
 last 6; here ``merge continual --scale gpu_full``, ``seed_papers.py tables --scale gpu_full`` and
