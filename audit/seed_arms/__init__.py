@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.seed_arms.bu import continual_arm, trace_arm
-from audit.seed_arms.common import ArmScale
+from audit.seed_arms.common import CONTINUAL_ARMS, TRACE_RUNS, ArmScale, chosen_parts
 from audit.seed_arms.ganesh import ganesh_arm, ganesh_parts
 from audit.seed_arms.ke import ke_arm, ke_parts
 from audit.seed_arms.vit import eps_tag, vit_arm
@@ -57,16 +57,12 @@ class Split:
     load: Callable[[Any], Any] = lambda v: v
 
 
-def _chosen(field: str, every: Callable[[ArmScale], list]) -> Callable[[ArmScale], list]:
-    return lambda scale: list(getattr(scale, field)) if getattr(scale, field) is not None else every(scale)
-
-
 SPLITS = {
     "vit": Split("vit_epsilons", lambda s: [float(e) for e in s.vit_epsilons], tag=lambda e: eps_tag(float(e)),
                  marker=lambda e: f"{eps_tag(float(e))}_tuned_acc", load=float),
-    "continual": Split("continual_arms", lambda s: list(s.continual_arms)),
-    "trace": Split("trace_runs", lambda s: list(s.trace_runs)),
-    "ganesh": Split("ganesh_parts", _chosen("ganesh_parts", ganesh_parts),
+    "continual": Split("continual_arms", lambda s: chosen_parts(s, "continual_arms", CONTINUAL_ARMS)),
+    "trace": Split("trace_runs", lambda s: chosen_parts(s, "trace_runs", TRACE_RUNS)),
+    "ganesh": Split("ganesh_parts", lambda s: chosen_parts(s, "ganesh_parts", ganesh_parts(s)),
                     marker=lambda p: {"same": "barrier_same_public", "random": "barrier_random"}.get(p, f"{p}_acc")),
-    "ke": Split("ke_parts", _chosen("ke_parts", ke_parts)),
+    "ke": Split("ke_parts", lambda s: chosen_parts(s, "ke_parts", ke_parts(s))),
 }

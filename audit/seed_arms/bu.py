@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (CONTINUAL_ARMS, TRACE_RUNS, ArmScale, TraceLogger, build, load_arm_data, per_seed,
-                                    phase, sigma_for, test_acc, train, train_dynamic)
+from audit.seed_arms.common import (CONTINUAL_ARMS, TRACE_RUNS, ArmScale, TraceLogger, build, chosen_parts,
+                                    load_arm_data, per_seed, phase, sigma_for, test_acc, train, train_dynamic)
 
 __all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run", "CONTINUAL_ARMS", "TRACE_RUNS"]
 
@@ -86,10 +86,7 @@ def plateau_switch_run(model, data, scale: ArmScale, *, members: np.ndarray, see
 
 def continual_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Per seed: test accuracy and membership-inference metrics of the five arms (see the module docstring)."""
-    unknown = [a for a in scale.continual_arms if a not in CONTINUAL_ARMS]
-    if unknown or not scale.continual_arms:
-        raise ValueError(f"continual_arms must name some of {', '.join(CONTINUAL_ARMS)}, got "
-                         f"{list(scale.continual_arms)}")
+    chosen = chosen_parts(scale, "continual_arms", CONTINUAL_ARMS)
     if scale.switch >= scale.steps:
         raise ValueError(f"switch ({scale.switch}) must be below steps ({scale.steps})")
     data = load_arm_data(scale, device=device)
@@ -114,12 +111,12 @@ def continual_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] |
             "continual": [phase("public", data.public, scale=scale, steps=scale.switch, sigma=None, seed=seed,
                                 index=0), priv(t - scale.switch, sigma_for(scale, n=n, steps=t - scale.switch), 1)],
         }
-        for name, phases in ((k, v) for k, v in arms.items() if k in scale.continual_arms):
+        for name, phases in ((k, v) for k, v in arms.items() if k in chosen):
             model = train(build(scale, data, seed=seed, device=device), phases, seed=seed, device=device)
             out[f"{name}_acc"] = test_acc(model, data.test, device)
             out.update({f"{name}_{k}": v for k, v in membership_metrics(model, data.private, members, device=device,
                                                                          seed=seed).items()})
-        if "plateau" in scale.continual_arms:
+        if "plateau" in chosen:
             every = max(1, scale.switch // 3)
             model, sw, reason = plateau_switch_run(build(scale, data, seed=seed, device=device), data, scale,
                                                    members=idx, seed=seed, max_public=2 * scale.switch,
@@ -143,9 +140,7 @@ def trace_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | Non
     t = scale.trace_steps
     sigma = sigma_for(scale, n=n, steps=t)
 
-    unknown = [r for r in scale.trace_runs if r not in TRACE_RUNS]
-    if unknown or not scale.trace_runs:
-        raise ValueError(f"trace_runs must name some of {', '.join(TRACE_RUNS)}, got {list(scale.trace_runs)}")
+    chosen = chosen_parts(scale, "trace_runs", TRACE_RUNS)
 
     def one(seed: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -157,7 +152,7 @@ def trace_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | Non
                                             sigma=None, seed=seed, index=0)], seed=seed, device=device)
             return model, (None if name == "pretrain_nondp" else sigma)
 
-        for name in (r for r in TRACE_RUNS if r in scale.trace_runs):
+        for name in (r for r in TRACE_RUNS if r in chosen):
             model, sig = start(name)
             logger = TraceLogger(model, data, scale=scale, seed=seed, every=scale.hessian_every)
             logger.at_start(model)

@@ -33,7 +33,7 @@ from training.phases import PhaseSpec
 
 __all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "TRACE_RUNS", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for",
            "phase", "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed", "PART_FIELDS",
-           "fit_key", "cached_fit"]
+           "fit_key", "cached_fit", "chosen_parts"]
 
 
 #: the arms' augmentation (``ArmScale.augment``, ``ArmScale.vit_pretrain_augment``): CIFAR's crop and flip
@@ -310,6 +310,19 @@ def per_seed(scale: ArmScale, fn: Callable[[int], dict[str, Any]], log: Callable
         for k, v in res.items():
             out.setdefault(k, []).append(v)
     return out
+
+
+def chosen_parts(scale: ArmScale, field: str, every: Sequence[str]) -> list[str]:
+    """The parts of an arm that ``scale.<field>`` asks for (None: ``every``), checked against ``every``.
+
+    Raises:
+        ValueError: none, or one that is not a part of the arm.
+    """
+    value = getattr(scale, field)
+    parts = list(every) if value is None else list(value)
+    if not parts or any(p not in every for p in parts):
+        raise ValueError(f"{field} must name some of {', '.join(every)}, got {parts}")
+    return parts
 
 
 #: scale fields that differ between the part jobs of one run (``benchmarks/seed_arms.py``'s splits) and do not

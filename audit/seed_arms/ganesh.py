@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import ArmScale, build, load_arm_data, per_seed, phase, sigma_for, test_acc, train
+from audit.seed_arms.common import (ArmScale, build, chosen_parts, load_arm_data, per_seed, phase, sigma_for, test_acc,
+                                    train)
 
 __all__ = ["interpolate", "loss_barrier", "barrier_curve", "ganesh_arm", "ganesh_parts"]
 
@@ -80,10 +81,7 @@ def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | No
     sigma = sigma_for(scale, n=n, steps=t)
     budgets = sorted(set(scale.public_steps) | {0})
     top = budgets[-1]
-    every = ganesh_parts(scale)
-    parts = list(scale.ganesh_parts) if scale.ganesh_parts is not None else every
-    if not parts or any(p not in every for p in parts):
-        raise ValueError(f"ganesh_parts must name some of {', '.join(every)}, got {parts}")
+    parts = chosen_parts(scale, "ganesh_parts", ganesh_parts(scale))
     # the DP runs the parts need: each middle budget's own, the largest for 'same', 0 for 'random'
     needed = [k for k in budgets if f"public{k}" in parts or (k == top and "same" in parts)
               or (k == 0 and "random" in parts)]

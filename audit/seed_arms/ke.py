@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmScale, build, cached_fit, fit_key, load_arm_data, per_seed, phase, sigma_for,
-                                    test_acc, train)
+from audit.seed_arms.common import (ArmScale, build, cached_fit, chosen_parts, fit_key, load_arm_data, per_seed, phase,
+                                    sigma_for, test_acc, train)
 
 __all__ = ["ke_arm", "knn_quality", "ke_parts", "select_split"]
 
@@ -71,10 +71,7 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
     from training.recipes.budget import split_budget
     from training.recipes.finetune import head_seed, new_head
 
-    every_part = ke_parts(scale)
-    parts = list(scale.ke_parts) if scale.ke_parts is not None else every_part
-    if not parts or any(p not in every_part for p in parts):
-        raise ValueError(f"ke_parts must name some of {', '.join(every_part)}, got {parts}")
+    parts = chosen_parts(scale, "ke_parts", ke_parts(scale))
     pre = load_arm_data(scale, device=device)
     down = load_arm_data(scale, downstream=True, device=device)
     source = cached_fit(
