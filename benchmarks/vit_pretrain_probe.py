@@ -3,14 +3,15 @@
 The GPU ViT arm (``gpu_full_vit``) pre-trained each seed for 2,000 constant-rate steps and reached 44.8 %, under
 issue 16's 60 %. Its next scale (``gpu_full_vit_long``) spends the lease's pre-training on one longer run with a
 cosine schedule. This measures, at the CPU arm's size (``cpu_hour_vit``: the 64-wide 12-block ViT on 8×8 patches,
-18,000 public CIFAR-10 images, batch 128, AdamW at 1e-3), what the schedule and the length do, one process per
-run of one torch thread, the arm's own phase/train/test functions::
+18,000 public CIFAR-10 images, batch 128, AdamW at 1e-3), what the schedule, the length and the crops and flips
+(``--augment``, as the GPU arms pre-train) do: one process per run, one torch thread each, the arm's own
+phase/train/test functions. Accuracy is on the arm's 1,000 test images; the seeds pair the runs (one
+initialisation and batch order per seed).
 
     .venv/bin/python benchmarks/vit_pretrain_probe.py --runs constant:0:2000 cosine:100:2000 cosine:400:8000 \\
-        --seeds 0 1 --workers 2 --out results/reference/vit_pretrain_probe.md
+        --seeds 0 1 --workers 2 [--augment] --out results/reference/vit_pretrain_probe[.augment].md
 
-Each ``--runs`` entry is ``schedule:warmup:steps``; accuracy is on the arm's 1,000 test images. Seeds pair the
-schedules (one initialisation and batch order per seed)."""
+Each ``--runs`` entry is ``schedule:warmup:steps``."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from _common import remake_section, run_script  # noqa: E402
 SCALE = "cpu_hour_vit"
 
 
-def one(schedule: str, warmup: int, steps: int, seed: int) -> tuple[float, float]:
+def one(schedule: str, warmup: int, steps: int, seed: int, augment: bool) -> tuple[float, float]:
     """(test accuracy, seconds) of one pre-training run."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -38,7 +39,7 @@ def one(schedule: str, warmup: int, steps: int, seed: int) -> tuple[float, float
     torch.set_num_threads(1)
     import seed_arms
 
-    from audit.seed_arms.common import build, load_arm_data, phase, test_acc, train
+    from audit.seed_arms.common import CROP_FLIP, build, load_arm_data, phase, test_acc, train
     from audit.seed_arms.vit import public_parts
 
     sc = seed_arms.SCALES[SCALE]
@@ -47,7 +48,8 @@ def one(schedule: str, warmup: int, steps: int, seed: int) -> tuple[float, float
     t0 = time.perf_counter()
     model = build(sc, data, seed=seed, arch=sc.vit_arch, kwargs=sc.vit_kwargs)
     model = train(model, [phase("public", parts.pretrain, scale=sc, steps=steps, sigma=None, seed=seed, index=0,
-                                lr=sc.vit_lr, schedule=schedule, warmup_steps=warmup)], seed=seed)
+                                lr=sc.vit_lr, schedule=schedule, warmup_steps=warmup,
+                                augment=CROP_FLIP if augment else None)], seed=seed)
     return test_acc(model, data.test, "cpu"), time.perf_counter() - t0
 
 
@@ -62,11 +64,12 @@ def parse_run(text: str) -> tuple[str, int, int]:
 def make_table(args: argparse.Namespace) -> str:
     import multiprocessing as mp
 
-    jobs = [(r, s) for r in args.runs for s in args.seeds]
+    jobs = sorted(((r, s) for r in args.runs for s in args.seeds), key=lambda j: -j[0][2])  # longest first
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
-        futs = {job: pool.submit(one, *job[0], job[1]) for job in jobs}
+        futs = {job: pool.submit(one, *job[0], job[1], args.augment) for job in jobs}
         res = {job: f.result() for job, f in futs.items()}
-    lines = ["# ViT pre-training recipe (CPU probe)", "", __doc__.split("\n\n")[1].replace("\n", " "), "",
+    aug = "with crops and flips" if args.augment else "without augmentation"
+    lines = [f"# ViT pre-training recipe (CPU probe, {aug})", "", __doc__.split("\n\n")[1].replace("\n", " "), "",
              "| schedule | warm-up | steps | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean | seconds "
              "per run |", "|---|---|---|" + "---|" * len(args.seeds) + "---|---|"]
     for r in args.runs:
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                       parse_run("cosine:100:2000")])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--augment", action="store_true", help="crops and flips in the pre-training")
     run_script(parser, make_table, argv, seed=False)
 
 
