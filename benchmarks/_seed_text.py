@@ -123,9 +123,12 @@ IN_WORDS = [
 
 LEFT_OUT = [
     "**Still short of the issue.** The ViT rows now come from a ViT-Tiny-width model on a GPU (`gpu_full_vit`), "
-    "but its pre-training reaches 45 %, not the 60 % asked of a real baseline: a longer pre-training (or more "
-    "public data) is the next ViT lease's job, and the `cpu_hour_vit` table it supersedes (a 614k-parameter, 47 % "
-    "ViT) says the same things. The geometric law on the 3-block CNN (`transfer.md`) is inconclusive as well: 3 "
+    "but its pre-training reaches 45 %, not the 60 % asked of a real baseline, and the `cpu_hour_vit` table it "
+    "supersedes (a 614k-parameter, 47 % ViT) says the same things. The next ViT lease pre-trains one shared model "
+    "for 8,000 cosine-scheduled steps with crops and flips (`gpu_full_vit_long`): on this CPU that recipe takes "
+    "the 64-wide ViT from 45.7 % (2,000 constant-rate steps) to 59.7 % (2 seeds; 50.0 % at 2,000 cosine steps; "
+    "without augmentation the 8,000 steps gain nothing, 50.0 %: `vit_pretrain_probe*.md`). The geometric law "
+    "on the 3-block CNN (`transfer.md`) is inconclusive as well: 3 "
     "points per fit leave 1 residual degree of freedom. The non-DP baseline above 60 % is met by the `gpu_full` "
     "continual config (64.3 %), but the arms (σ = 0, plateau, membership, tr(H), Ke, Ganesh) and the "
     "decelerator-rule runs have not run at that size: their rows are from `cpu_hour`, where non-DP is 33-37 %. "
