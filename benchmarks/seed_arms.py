@@ -91,7 +91,7 @@ SCALES["gpu_full"] = SCALES["full"].with_(name="gpu_full", root=".device_data/ci
 # leases: ~4 minutes of DP steps plus the pre-training, if 8-12 processes keep the GPU busy as they did. Pre-training
 # probe on this CPU (seed 0, 2,000 steps, 29 min): 42.6 % on 2,000 test images. `seed_gpu.py run --scale gpu_full
 # --arms vit --no-runs --workers 20` runs it as 20 (seed, ε) jobs sharing each seed's pre-training
-# (`vit.cached_pretrain`): on an H200 (2026-11-26) all 20 at once finished in 432 s (pre-training 44.8 ± 2.1 % on
+# (`common.cached_fit`): on an H200 (2026-11-26) all 20 at once finished in 432 s (pre-training 44.8 ± 2.1 % on
 # the 10,000 test images; each DP fine-tuning run ~120 s, ~0.4 s a step with 20 processes sharing the GPU, 91 % busy)
 SCALES["gpu_full_vit"] = SCALES["gpu_full"].with_(
     name="gpu_full_vit", steps=300, source_steps=2000, vit_public=20000, vit_tune_fraction=0.1,
@@ -162,8 +162,7 @@ def merge(name: str, scale_name: str) -> dict | None:
         out["sigmas"] = {e: out["sigmas"][e] for e in out["epsilons"]}
     out["scale_settings"] = {**parts[0]["scale_settings"], "seeds": out["seeds"]}
     split = SPLITS[name]  # each part ran at its one value: the merged run's settings name the values it kept
-    values = [split.load(v) for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json"))
-              for v in json.loads(p.read_text())["scale_settings"].get(split.field) or []]
+    values = [split.load(v) for ps in by_seed.values() for p in ps for v in p["scale_settings"].get(split.field) or []]
     if values:  # (whole-seed parts of an unsplit run leave a None field as it was)
         kept = {v for v in values if split.marker(v) in out["per_seed"]}
         order = split.parts(SCALES[scale_name]) if scale_name in SCALES else []
@@ -191,10 +190,8 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> t
         scale = scale.with_(**{SPLITS[name].field: (part,)})
     device = resolve_device("auto")
     t0 = time.perf_counter()
-    # the ViT arm's (seed, ε) jobs of one seed share its pre-trained weights through a cache beside the parts
-    extra = {}
-    if part is not None and name in ("vit", "ke"):  # the part jobs share a seed's pre-trained ViT, the Ke source
-        extra = {{"vit": "pretrained_cache", "ke": "source_cache"}[name]: OUT / scale_name / "pretrained"}
+    # part jobs share what they would each pre-train alike (a seed's ViT, the Ke source) through a cache
+    extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if part is not None and name in ("vit", "ke") else {}
     res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True), **extra)
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "

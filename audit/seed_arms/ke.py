@@ -64,9 +64,9 @@ def knn_quality(model: torch.nn.Module, bank, query, *, device="cpu") -> float:
 
 
 def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
-           source_cache: str | Path | None = None) -> dict[str, Any]:
+           pretrained_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: test accuracy, final and over-time kNN quality of the head-init arms, and the LP-FFT split sweep
-    with its validation-selected split (see the module docstring). ``source_cache``: a folder that shares the
+    with its validation-selected split (see the module docstring). ``pretrained_cache``: a folder that shares the
     source model between the part jobs of one run (:func:`audit.seed_arms.common.cached_fit`)."""
     from training.recipes.budget import split_budget
     from training.recipes.finetune import head_seed, new_head
@@ -75,7 +75,7 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
     pre = load_arm_data(scale, device=device)
     down = load_arm_data(scale, downstream=True, device=device)
     source = cached_fit(
-        source_cache, fit_key(scale, pre.public, seed=0, lr=scale.lr, device=device),
+        pretrained_cache, fit_key(scale, pre.public, seed=0, lr=scale.lr, device=device),
         lambda: build(scale, pre, seed=0, device=device),
         lambda model: train(model, [phase("public", pre.public, scale=scale, steps=scale.source_steps, sigma=None,
                                           seed=0, index=0)], seed=0, device=device),

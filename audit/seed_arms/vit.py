@@ -60,7 +60,7 @@ from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
-           "vit_arm", "pretrain_key", "cached_pretrain", "TUNING_PRIVACY_COST", "POOLING"]
+           "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
 
 TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only (the public tuning-train and "
                        "tuning-validation parts, disjoint from the private images)")
@@ -196,23 +196,12 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
     return {"lr": max(trials, key=rank)["lr"], "trials": trials}
 
 
-def pretrain_key(scale: ArmScale, pretrain: ImageSet, *, seed: int, lr: float, device) -> dict[str, Any]:
-    """Everything that determines a seed's pre-trained weights (:func:`audit.seed_arms.common.fit_key`)."""
-    return fit_key(scale, pretrain, seed=seed, lr=lr, device=device)
-
-
-def cached_pretrain(cache: str | Path | None, key: dict[str, Any], make: Callable[[], torch.nn.Module],
-                    pretrain: Callable[[torch.nn.Module], torch.nn.Module], *, device="cpu") -> torch.nn.Module:
-    """``pretrain(make())`` shared by a seed's (ε) jobs through ``cache`` (:func:`audit.seed_arms.common.cached_fit`;
-    see the module docstring)."""
-    return cached_fit(cache, key, make, pretrain, device=device, prefix="vit-pretrained")
-
-
 def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
             data: ArmData | None = None, pretrained_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: pre-train, then every (ε, tuned/untuned) private fine-tuning with its accuracy and per-block
     profile (see the module docstring). ``data`` replaces the scale's data (tests); ``pretrained_cache``: a folder
-    that shares each seed's pre-trained weights between the jobs of one run (:func:`cached_pretrain`)."""
+    that shares each seed's pre-trained weights between the jobs of one run
+    (:func:`audit.seed_arms.common.cached_fit`)."""
     if data is None:
         data = load_arm_data(scale.with_(public=scale.vit_public) if scale.vit_public else scale, device=device)
     parts = public_parts(data.public, scale.vit_tune_fraction)
@@ -243,10 +232,10 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
             pre = phase("public", parts.pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=ps,
                         index=0, lr=base, augment=CROP_FLIP if scale.vit_pretrain_augment else None,
                         schedule=scale.vit_pretrain_schedule, warmup_steps=scale.vit_pretrain_warmup)
-            made = cached_pretrain(
-                pretrained_cache, pretrain_key(scale, parts.pretrain, seed=ps, lr=base, device=device),
+            made = cached_fit(
+                pretrained_cache, fit_key(scale, parts.pretrain, seed=ps, lr=base, device=device),
                 lambda: build(scale, data, seed=ps, device=device, arch=scale.vit_arch, kwargs=scale.vit_kwargs),
-                lambda model: train(model, [pre], seed=ps, device=device), device=device)
+                lambda model: train(model, [pre], seed=ps, device=device), device=device, prefix="vit-pretrained")
             if not scale.vit_shared_pretrain:
                 return made
             shared[ps] = made
