@@ -11,8 +11,8 @@ from _seed_runs import OUT, ROOT
 
 ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
 RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
-GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} --arms {arm} --no-runs --arm-scale {arm}={scale} (on the "
-           "GPU machine; see its docstring), then here python benchmarks/seed_arms.py merge {arm} --scale {scale}")
+GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} --arms {arm} --no-runs{override} (on the GPU machine; "
+           "see its docstring), then here python benchmarks/seed_arms.py merge {arm} --scale {scale}")
 GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on the GPU machine), then here python "
                 "benchmarks/seed_papers.py tables --scale {scale}")
 
@@ -20,7 +20,9 @@ GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on th
 def arms_cmd(arm: str, scale: str) -> str:
     """The command that re-makes an arm's results at ``scale`` (GPU scales run through seed_gpu.py)."""
     if scale.startswith("gpu"):
-        return GPU_CMD.format(base="gpu_full" if scale.startswith("gpu_full") else "gpu", arm=arm, scale=scale)
+        base = "gpu_full" if scale.startswith("gpu_full") else "gpu"
+        override = f" --arm-scale {arm}={scale}" if scale != base else ""
+        return GPU_CMD.format(base=base, arm=arm, scale=scale, override=override)
     return ARMS_CMD.format(arm=arm, scale=scale)
 
 

@@ -97,9 +97,13 @@ SCALES = {
                                  "training.continual.public.pool_size": 5000, "training.augment.crop_padding": 4,
                                  "training.augment.flip": True, "data.test_size": 10000}},
         # the non-DP baseline's tr(H) every 250 steps, not 50: on one shared GPU its 21 estimates of 32 probes cost
-        # as much device time as two DP runs (the `gpu` lease), and the trace arm is where tr(H) is measured
+        # as much device time as two DP runs (the `gpu` lease), and the trace arm is where tr(H) is measured. The
+        # decelerator runs likewise: the rule decides on its own estimates (every eval_every = 50 public steps, on
+        # public images); at every 50 the logged curve added 21 more, and 5 such runs, 6 jobs at once, did not
+        # finish in 320 s (2026-11-26)
         variant_overrides={"continual": {**_sweep(0, 50, 100, 200, 400)["continual"],
-                                         "nondp": {"training.hessian.every": 250}}},
+                                         "nondp": {"training.hessian.every": 250},
+                                         "continual-dec": {"training.hessian.every": 250}}},
         gpu="one lent NVIDIA H200 (143,771 MiB, driver 580.159.04) shared by 6-12 runs at a time"),
     "gpu": Scale(
         name="gpu", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu",

@@ -154,6 +154,7 @@ def _paired_holm(by_point: dict[int, dict[int, float]], base: int) -> str:
 
 
 def bu_arm_rows(scale: str) -> list[str]:
+    """The continual arm's claims at ``scale``: σ = 0, the plateau rule, membership inference."""
     rows = []
     c = arm_result(scale, "continual")
     if c:
@@ -184,6 +185,12 @@ def bu_arm_rows(scale: str) -> list[str]:
                          "the private data)", "LOSS AUC: " + ", ".join(f"{k} {fmt_mean_sd(v_, '.3f')}"
                                                                      for k, v_ in auc.items())
                          + f"; continual's bootstrap CIs span {ci}", f"non-DP AUC > continual AUC: {t}", v, cmd))
+    return rows
+
+
+def trace_arm_rows(scale: str) -> list[str]:
+    """The tr(H) arm's claims at ``scale`` (its own section: the arms reach the GPU scales one lease at a time)."""
+    rows = []
     tr = arm_result(scale, "trace")
     if tr:
         ps, cmd = tr["per_seed"], arms_cmd("trace", scale)
@@ -320,7 +327,7 @@ def ganesh_rows(scale: str) -> list[str]:
     return rows
 
 
-SECTIONS = (continual_rows, bu_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
+SECTIONS = (continual_rows, bu_arm_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
 SCALES = ("gpu_full", "gpu_full_vit_long", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
 
 

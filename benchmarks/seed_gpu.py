@@ -49,6 +49,12 @@ calibrated here first (``results/sigma-cache``), and ``run --scale gpu_full --ar
 320 --hard 520``: all 20 (seed, ε) jobs at once (so every seed's pre-training starts at once), done in 432 s; here
 ``python benchmarks/seed_arms.py merge vit --scale gpu_full_vit``.
 
+The continual arm's lease (2026-11-26, H200, the same carry): ``run --scale gpu_full --arms continual --variants
+continual-dec --first continual --workers 12 --soft 290 --hard 560``. 24 of the arm's 25 jobs finished in 429 s
+(12 at a time: a non-DP job ~140 s, a DP one 200-260 s; the GPU busy 88 %); the same line with ``--soft 20 --hard
+320`` finished the last (plateau, seed 4, 163 s) but stopped the 5 ``continual-dec`` runs, which logged tr(H)
+every 50 steps then (every 250 since). ``merge continual --scale gpu_full``; ``seed_gpu/gpu_full_continual/``.
+
 Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job stopped at
 ``--hard`` returns nothing. A ``gpu_full`` continual run costs about 20 s of the whole GPU (110-130 s with 6 at a
 time, 230-270 s with 12), more with tr(H) checks: 15 at once (``continual-dec``, ``scratch``, ``continual``) under
@@ -58,8 +64,10 @@ The next leases, as planned (the arms' rows are still measured at ``cpu_hour`` o
 part jobs of one to three ResNet-20 runs (``seed_arms.SPLITS``), so one lease can finish one arm at ``gpu_full``;
 at ~20 s of the whole GPU per 1,000 DP steps (non-DP steps ~5 times cheaper) the arms need about:
 
-* continual (σ = 0, plateau, membership): 25 jobs of 1,000 steps, ~500 GPU-s; with ``--variants continual-dec``
-  (the decelerator rule at full size) 30 jobs, ~600 GPU-s;
+* continual (σ = 0, plateau, membership): done (above);
+* the decelerator rule at full size (``--arms --variants continual-dec``): 5 runs of 1,000 steps, each with up to
+  8 of the rule's tr(H) estimates and 5 logged ones, about 1.5 DP runs' worth, ~150 GPU-s: 5 at once in a lease's
+  second call with ``--hard`` 300 or more;
 * Ganesh et al.: 25 jobs of 1,000-2,000 DP steps (each re-runs the cheap 300 public steps), ~700 GPU-s;
 * Ke et al.: one 3,000-step source (shared), 25 jobs of 1,000-1,500 steps on Food-101, ~650 GPU-s;
 * tr(H): 15 jobs of 1,500 steps plus 16 estimates (32 probes, 256 images), the fine-tuning ones after a
@@ -71,11 +79,11 @@ at ~20 s of the whole GPU per 1,000 DP steps (non-DP steps ~5 times cheaper) the
   time says what is left), then ``--workers 19`` for the rest, which find the cached model.
 
 σ: each job calibrates what it needs into the shared cache, seconds each; calibrating here first and carrying
-``results/sigma-cache`` saves that (done 2026-11-26 for every arm above and ``continual-dec``). Then
-e.g. ``run --scale gpu_full --arms continual --variants continual-dec --first continual-dec --workers 12 --soft
-270 --hard 540`` (two rounds of 12) and the same line with ``--soft 30 --hard 240`` on the warm machine for the
-last 6; here ``merge continual --scale gpu_full``, ``seed_papers.py tables --scale gpu_full`` and
-``seed_findings.py``. Keep each job's runs × the jobs at once × 20 s under ``--hard``."""
+``results/sigma-cache`` saves that (done 2026-11-26 for every arm above and ``continual-dec``). Then e.g. ``run
+--scale gpu_full --arms ganesh --no-runs --workers 13 --soft 290 --hard 560`` (two rounds) and the same line with
+``--soft 20`` and what is left of the lease as ``--hard`` on the warm machine for the rest; here ``merge ganesh
+--scale gpu_full`` and ``seed_findings.py`` (``seed_papers.py tables --scale gpu_full`` after config runs). Keep
+each job's runs × the jobs at once × 20 s under ``--hard``."""
 
 from __future__ import annotations
 
@@ -290,10 +298,13 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
                            "seconds": time.time() - started}
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-                print(f"[{time.time() - t0:5.0f} s] {rec['status'][:60]:<8} {j[1]} {j[2]} in "
-                      f"{rec['seconds']:.0f} s", flush=True)
+                print(f"[{time.time() - t0:5.0f} s] {rec['status'][:60]:<8} {_label(j)} in {rec['seconds']:.0f} s",
+                      flush=True)
             if time.time() - t0 >= hard:
                 print(f"hard deadline: {len(pending)} job(s) stopped, {len(queue)} not started", flush=True)
+                for j, started in pending.values():  # what the next call must size for
+                    print(f"[{time.time() - t0:5.0f} s] stopped  {_label(j)} after {time.time() - started:.0f} s",
+                          flush=True)
                 for proc in list(getattr(pool, "_processes", {}).values()):
                     proc.terminate()
                 break
@@ -301,6 +312,11 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
                 print(f"soft deadline: {len(queue)} job(s) left for a later call", flush=True)
                 queue.clear()
     pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _label(j: tuple) -> str:
+    """A job in the log: ``continual s1 nondp`` (an arm's part), ``continual continual-dec-s0`` (a config run)."""
+    return f"{j[1]} s{j[2]} {j[4]}" if j[0] == "arm" else f"{j[1]} {j[2]}"
 
 
 def profile(steps: int, out: Path | None) -> None:

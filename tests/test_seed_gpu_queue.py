@@ -54,9 +54,12 @@ def test_soft_deadline_leaves_the_rest_for_a_later_call(monkeypatch, tmp_path):
     assert [r["key"] for r in recs] == ["first"]
 
 
-def test_a_failure_is_logged_and_the_hard_deadline_stops_an_overrun(monkeypatch, tmp_path):
+def test_a_failure_is_logged_and_the_hard_deadline_stops_an_overrun(monkeypatch, tmp_path, capsys):
     todo = [("run", "fast", "ok", "gpu"), ("arm", "boom", 3, "gpu", 8.0), ("run", "slow", "long", "gpu")]
     recs = _run(monkeypatch, tmp_path, todo, workers=3, soft=60, hard=8)
+    out = capsys.readouterr().out
+    assert "failed: RuntimeError('the job broke')" in out and "boom s3 8.0 in" in out  # an arm job names its part
+    assert "stopped  slow long after" in out  # the overrun is named, with how long it had run, for the next call
     by = {r["key"]: r for r in recs}
     assert by["ok"]["status"] == "done"
     assert by[3]["status"].startswith("failed: RuntimeError('the job broke')") and by[3]["part"] == 8.0
