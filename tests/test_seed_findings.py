@@ -112,3 +112,33 @@ def test_vit_law_rows_follow_the_fits(out):
     rows = seed_findings.vit_rows("cpu_hour_vit")
     assert "**not reproduced**" in rows[0] and "**reproduced**" not in rows[3]
     assert math.isfinite(seed_findings.R2_BAR)
+
+
+def _runs(accs: list[float], switch: int, reason: str = "decelerator") -> list[tuple]:
+    """A variant's runs as _seed_runs.groups gives them: (seed, manifest, metrics)."""
+    return [(s, {}, {"test_accuracy": a, "continual": {"switch_step": switch, "switch_reason": reason}})
+            for s, a in enumerate(accs)]
+
+
+def _decelerator_case(rule: list[float], *, switch: int, reason: str = "decelerator"):
+    sweep_acc = {0: [0.41, 0.42, 0.415, 0.42, 0.41], 50: [0.40, 0.41, 0.405, 0.40, 0.41],
+                 400: [0.53, 0.54, 0.535, 0.54, 0.53]}
+    g = {f"sw{i}": _runs(a, s, "steps") for i, (s, a) in enumerate(sweep_acc.items())}
+    g["continual-dec"] = _runs(rule, switch, reason)
+    acc = {k: [x["test_accuracy"] for _, _, x in v] for k, v in g.items()}
+    return seed_findings.decelerator_rule_verdict(g, acc, seed_findings.sweep_points(g))
+
+
+def test_decelerator_rule_verdict_follows_a_best_of_corrected_welch():
+    from audit.stats import welch
+
+    rule = [0.40, 0.405, 0.41, 0.40, 0.405]  # switched at 50, the sweep's worst point; the best is 400
+    measured, test, v = _decelerator_case(rule, switch=50)
+    assert v == "not reproduced" and "Bonferroni ×3" in test and "sweep best: 400 public steps" in measured
+    assert "the sweep at the rule's 50: 40.5 ± 0.5 %" in measured
+    best = [0.53, 0.54, 0.535, 0.54, 0.53]
+    assert f"p = {welch(best, rule).p * 3:.3f}" in test or "p < 0.001" in test  # the corrected p is what is shown
+    # the same accuracies from a rule that never fired (every run at its cap): not exercised, whatever the numbers
+    assert _decelerator_case(rule, switch=400, reason="max_public_steps")[2] == "inconclusive"
+    # a rule whose runs are within the noise of the best point: no proof of equivalence, inconclusive
+    assert _decelerator_case([0.52, 0.55, 0.53, 0.545, 0.535], switch=400)[2] == "inconclusive"
