@@ -152,7 +152,7 @@ LEFT_OUT = [
     " s, the 5 runs did not. Each logged tr(H) (32 probes on 256 images) every 50 of its 1,000 steps on top of the "
     "rule's own estimates, about two DP runs' worth of device time; at `gpu_full` they now log it every 250 steps, "
     "as the non-DP baseline does (the rule still decides on its own estimates every 50 public steps). "
-    "`benchmarks/seed_gpu.py`'s docstring plans the leases left: about 500-700 s of the whole GPU per arm, one "
+    "`results/reference/seed_gpu/LEASES.md` plans the leases left: about 500-700 s of the whole GPU per arm, one "
     "arm a lease, the decelerator runs in a lease's second call, and the ViT again with one shared 8,000-step "
     "pre-training (`gpu_full_vit_long`).",
 ]

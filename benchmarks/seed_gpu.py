@@ -29,61 +29,23 @@ and keeps nothing. So:
 Here, afterwards: ``python benchmarks/seed_arms.py merge ARM... --scale SCALE``, ``python benchmarks/seed_papers.py
 tables --scale gpu`` and ``python benchmarks/seed_findings.py``.
 
-One lease as it ran (2026-11-26, H200, the ``gpu_full`` continual config): here ``prepare --jpeg`` and the wheels of
-opacus, dp-accounting, dm-tree and pydantic (+ pydantic-core, annotated-types, typing-inspection,
-typing-extensions) in ``.whl/``, both git-ignored; the device tool's ``run`` with ``carry`` = ``.whl``,
+A lease: here ``prepare --jpeg`` and the wheels of opacus, dp-accounting, dm-tree and pydantic (+ pydantic-core,
+annotated-types, typing-inspection, typing-extensions) in ``.whl/``, both git-ignored (timm is on the device
+already), σ calibrated here into ``results/sigma-cache``; the device tool's ``run`` with ``carry`` = ``.whl``,
 ``.device_data/cifar10.jpeg.npz`` and ``results/sigma-cache`` and the command::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
     python3 benchmarks/seed_gpu.py decode
-    python3 benchmarks/seed_gpu.py run --scale gpu_full --arms --variants nondp sw0 sw1 sw2 sw3 sw4 \
-        --first nondp --workers 12 --soft 330 --hard 530
-    python3 benchmarks/seed_gpu.py pack $OUT/gpu_full.tgz
+    python3 benchmarks/seed_gpu.py run --scale gpu_full --arms ganesh --no-runs --workers 13 --soft 290 --hard 560
+    python3 benchmarks/seed_gpu.py pack $OUT/x.tgz
 
-24 of 30 runs finished in the 500 s command; the same ``run`` line with ``--soft 60 --hard 255`` on the still-warm
-machine finished the other 6 (finished runs are skipped). A machine that is given back keeps nothing: carry the
-pack's run directories back in, or start the queue again.
-
-The ViT arm's lease (2026-11-26, H200): the same carry (timm is on the device already), σ for ε ∈ {1, 3, 8}
-calibrated here first (``results/sigma-cache``), and ``run --scale gpu_full --arms vit --no-runs --workers 20 --soft
-320 --hard 520``: all 20 (seed, ε) jobs at once (so every seed's pre-training starts at once), done in 432 s; here
-``python benchmarks/seed_arms.py merge vit --scale gpu_full_vit``.
-
-The continual arm's lease (2026-11-26, H200, the same carry): ``run --scale gpu_full --arms continual --variants
-continual-dec --first continual --workers 12 --soft 290 --hard 560``. 24 of the arm's 25 jobs finished in 429 s
-(12 at a time: a non-DP job ~140 s, a DP one 200-260 s; the GPU busy 88 %); the same line with ``--soft 20 --hard
-320`` finished the last (plateau, seed 4, 163 s) but stopped the 5 ``continual-dec`` runs, which logged tr(H)
-every 50 steps then (every 250 since). ``merge continual --scale gpu_full``; ``seed_gpu/gpu_full_continual/``.
-
-Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job stopped at
-``--hard`` returns nothing. A ``gpu_full`` continual run costs about 20 s of the whole GPU (110-130 s with 6 at a
-time, 230-270 s with 12), more with tr(H) checks: 15 at once (``continual-dec``, ``scratch``, ``continual``) under
-a 300 s hard deadline all ran past it and none came back. Start at most ``hard`` / 25 s such runs in one call.
-
-The next leases, as planned (the arms' rows are still measured at ``cpu_hour`` only). Every arm now splits into
-part jobs of one to three ResNet-20 runs (``seed_arms.SPLITS``), so one lease can finish one arm at ``gpu_full``;
-at ~20 s of the whole GPU per 1,000 DP steps (non-DP steps ~5 times cheaper) the arms need about:
-
-* continual (σ = 0, plateau, membership): done (above);
-* the decelerator rule at full size (``--arms --variants continual-dec``): 5 runs of 1,000 steps, each with up to
-  8 of the rule's tr(H) estimates and 5 logged ones, about 1.5 DP runs' worth, ~150 GPU-s: 5 at once in a lease's
-  second call with ``--hard`` 300 or more;
-* Ganesh et al.: 25 jobs of 1,000-2,000 DP steps (each re-runs the cheap 300 public steps), ~700 GPU-s;
-* Ke et al.: one 3,000-step source (shared), 25 jobs of 1,000-1,500 steps on Food-101, ~650 GPU-s;
-* tr(H): 15 jobs of 1,500 steps plus 16 estimates (32 probes, 256 images), the fine-tuning ones after a
-  3,000-step non-DP source, ~700 GPU-s;
-* the ViT again at ``gpu_full_vit_long`` (``--arms vit --no-runs --arm-scale vit=gpu_full_vit_long --workers 20``):
-  one shared 8,000-step pre-training (the first job trains it, the others wait on its cache; the 2,000-step
-  ones took ~140 s five at a time, alone it is unmeasured), then the 20 (seed, ε) fine-tunings, ~420 s at once as
-  measured. Safer in two calls on the warm machine: ``--workers 1 --soft 1`` (the pre-training and one job; its
-  time says what is left), then ``--workers 19`` for the rest, which find the cached model.
-
-σ: each job calibrates what it needs into the shared cache, seconds each; calibrating here first and carrying
-``results/sigma-cache`` saves that (done 2026-11-26 for every arm above and ``continual-dec``). Then e.g. ``run
---scale gpu_full --arms ganesh --no-runs --workers 13 --soft 290 --hard 560`` (two rounds) and the same line with
-``--soft 20`` and what is left of the lease as ``--hard`` on the warm machine for the rest; here ``merge ganesh
---scale gpu_full`` and ``seed_findings.py`` (``seed_papers.py tables --scale gpu_full`` after config runs). Keep
-each job's runs × the jobs at once × 20 s under ``--hard``."""
+then the same ``run`` line with ``--soft 20`` and what is left of the lease as ``--hard`` on the still-warm machine
+(finished jobs are skipped; a machine that is given back keeps nothing: carry the pack's results back in or start
+again). Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job
+stopped at ``--hard`` returns nothing. A 1,000-step DP ResNet-20 run costs about 20 s of the whole GPU (110-130 s
+with 6 at a time, 230-270 s with 12), non-DP steps ~5 times less, tr(H) estimates more: keep each job's runs × the
+jobs at once × 20 s under ``--hard``. Every lease as it ran, what it measured, and the plan for the next ones:
+``results/reference/seed_gpu/LEASES.md``."""
 
 from __future__ import annotations
 
