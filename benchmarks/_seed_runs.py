@@ -205,20 +205,35 @@ def groups(name: str, scale: str) -> dict[str, list[tuple[int, dict, dict]]]:
 
 def machine(runs: list[dict], manifests: list[dict] | None = None, scale: str | None = None) -> str:
     """Where the runs trained: this machine for CPU runs, else the device, torch and Python their manifests name and
-    the GPU the scale records (:attr:`Scale.gpu`)."""
-    secs = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
+    the GPU the scale records (:attr:`Scale.gpu`). ``manifests``, when given, pair with ``runs``; runs on several
+    devices (a GPU lease's and this CPU's) are counted per device."""
     prov = [m.get("provenance", {}) for m in manifests or []]
-    devices = sorted({p.get("device", "cpu") for p in prov})
-    total = f"{len(secs)} runs, {sum(secs) / 60:.1f} min of training in total"
-    if devices and devices != ["cpu"]:
-        soft = sorted({f"torch {p.get('torch')}, Python {p.get('python')}" for p in prov})
-        names = sorted({p["device_name"] for p in prov if p.get("device_name")})  # manifests record it since 2026-11
+    devices = sorted({p.get("device", "cpu") for p in prov}, key=lambda d: (d == "cpu", d))  # this CPU last
+
+    def total(rs: list[dict]) -> str:
+        secs = [r["wall_seconds"] for r in rs if r.get("wall_seconds")]
+        return f"{len(secs)} run{'s' * (len(secs) != 1)}, {sum(secs) / 60:.1f} min of training in total"
+
+    def cpu(rs: list[dict]) -> str:
+        return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs while these ran), torch "
+                f"{__import__('torch').__version__}, 1 thread per run, {total(rs)}")
+
+    if not devices or devices == ["cpu"]:
+        return cpu(runs)
+    parts = []
+    for dev in devices:
+        idx = [i for i, p in enumerate(prov) if p.get("device", "cpu") == dev]
+        rs, ps = [runs[i] for i in idx], [prov[i] for i in idx]
+        if dev == "cpu":
+            parts.append(f"the other runs on this CPU: {cpu(rs)}")
+            continue
+        soft = sorted({f"torch {p.get('torch')}, Python {p.get('python')}" for p in ps})
+        names = sorted({p["device_name"] for p in ps if p.get("device_name")})  # manifests record it since 2026-11
         gpu = ((SCALES[scale].gpu if scale in SCALES else "") or
                f"one lent {' / '.join(names) or 'GPU'} shared by several runs at a time")
-        return (f"device {', '.join(devices)} ({'; '.join(soft)}): {gpu} (`benchmarks/seed_gpu.py`), so a run's "
-                f"wall time is not its speed alone; {total}")
-    return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs while these ran), torch "
-            f"{__import__('torch').__version__}, 1 thread per run, {total}")
+        parts.append(f"device {dev} ({'; '.join(soft)}): {gpu} (`benchmarks/seed_gpu.py`), so a run's wall time is "
+                     f"not its speed alone; {total(rs)}")
+    return " — ".join(parts)
 
 
 def closing(findings: list[str], runs: list[dict], manifests: list[dict] | None = None, scale: str | None = None

@@ -142,3 +142,17 @@ def test_decelerator_rule_verdict_follows_a_best_of_corrected_welch():
     assert _decelerator_case(rule, switch=400, reason="max_public_steps")[2] == "inconclusive"
     # a rule whose runs are within the noise of the best point: no proof of equivalence, inconclusive
     assert _decelerator_case([0.52, 0.55, 0.53, 0.545, 0.535], switch=400)[2] == "inconclusive"
+
+
+def test_machine_line_counts_runs_per_device():
+    from _seed_runs import machine
+
+    runs = [{"wall_seconds": 60.0}, {"wall_seconds": 120.0}, {"wall_seconds": 600.0}]
+    gpu = {"provenance": {"device": "cuda", "torch": "2.11", "python": "3.12", "device_name": "NVIDIA H200"}}
+    cpu = {"provenance": {"device": "cpu", "torch": "2.14", "python": "3.11"}}
+    line = machine(runs, [cpu, gpu, gpu], scale="no-such-scale")
+    head, tail = line.split(" — ")
+    assert head.startswith("device cuda (torch 2.11, Python 3.12): one lent NVIDIA H200") and head.endswith(
+        "2 runs, 12.0 min of training in total")  # the GPU's runs only: 120 s + 600 s
+    assert tail.startswith("the other runs on this CPU") and tail.endswith("1 run, 1.0 min of training in total")
+    assert " — " not in machine(runs[1:], [gpu, gpu])  # one device: one part
