@@ -126,7 +126,9 @@ def _decelerator_case(rule: list[float], *, switch: int, reason: str = "decelera
     g = {f"sw{i}": _runs(a, s, "steps") for i, (s, a) in enumerate(sweep_acc.items())}
     g["continual-dec"] = _runs(rule, switch, reason)
     acc = {k: [x["test_accuracy"] for _, _, x in v] for k, v in g.items()}
-    return seed_findings.decelerator_rule_verdict(g, acc, seed_findings.sweep_points(g))
+    sweep = seed_findings.sweep_points(g)
+    best = max(sweep, key=lambda sk: sum(acc[sk[1]]))
+    return seed_findings.decelerator_rule_verdict(g, acc, sweep, best)
 
 
 def test_decelerator_rule_verdict_follows_a_best_of_corrected_welch():
