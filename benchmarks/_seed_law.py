@@ -53,8 +53,9 @@ def vit_rows(scale: str) -> list[str]:
     paper, rows = "representation law (DP fine-tuned ViTs)", []
     eps = [(e, t) for e, t in VIT_EPS if e in a["epsilons"]]  # merged (seed, ε) parts keep the ε every seed has
     what = (f"{a['blocks']}-block ViT (width {a['vit_kwargs'].get('embed_dim')}), {a['steps']} fine-tuning steps, "
-            f"{len(a['seeds'])} seeds, {a['probe_images']} held-out images; pre-trained model "
-            f"{pct(ps['pretrain_acc'])}")
+            f"{len(a['seeds'])} seeds, {a['probe_images']} held-out images; "
+            + (f"one pre-trained model for every seed, {100 * ps['pretrain_acc'][0]:.1f} %" if a.get("shared_pretrain")
+               else f"pre-trained model {pct(ps['pretrain_acc'])}"))
     for key, label in (("D", "fuzziness D"), ("res", "prediction residual")):
         r2 = {e: ps[f"{e}_tuned_r2_{key}"] for e, _ in eps}
         rho = {e: ps[f"{e}_tuned_rho_{key}"] for e, _ in eps}

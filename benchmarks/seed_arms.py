@@ -106,6 +106,16 @@ SCALES["gpu_full_vit"] = SCALES["gpu_full"].with_(
 SCALES["gpu_full_vit_long"] = SCALES["gpu_full_vit"].with_(
     name="gpu_full_vit_long", source_steps=8000, vit_shared_pretrain=True, vit_pretrain_schedule="cosine",
     vit_pretrain_warmup=400)
+# the ViT arm on this 2-core CPU with a pre-trained model past issue 16's 60 %: `cpu_hour_vit`'s 64-wide 12-block ViT,
+# one public pre-training for all seeds (as `gpu_full_vit_long`) of 16,000 cosine-scheduled steps (400 warm-up) with
+# crops and flips on 22,500 public images (vit_public 25,000, a tenth of it the search's parts), where 8,000 steps on
+# 18,000 images gave 59.7 % (vit_pretrain_probe.augment.md); DP steps by book-keeping (0.17 s a step against 0.27 s
+# with Opacus hooks here, the same clipped sums). On this CPU, one thread a process: the pre-training 0.13 s a step
+# (~35 min, once), then 20 (seed, ε) jobs of ~3 minutes two at a time:
+# `seed_gpu.py run --scale gpu_full --arms vit --no-runs --arm-scale vit=cpu_vit_long --workers 2`
+SCALES["cpu_vit_long"] = SCALES["cpu_hour_vit"].with_(
+    name="cpu_vit_long", source_steps=16000, vit_public=25000, vit_pretrain_augment=True, vit_shared_pretrain=True,
+    vit_pretrain_schedule="cosine", vit_pretrain_warmup=400, grad_sample_mode="bk")
 # the ViT arm as it fitted the last ~10 minutes of a 30-minute H100 lease: 3 seeds, 500 fine-tuning steps per
 # (ε, tuned/untuned), a 96-wide 12-block ViT pre-trained for 1,000 steps on the 1,600 public pre-training images
 SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=1000, seeds=(0, 1, 2),

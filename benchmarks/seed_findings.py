@@ -6,7 +6,7 @@ Reads the continual-pretraining run directories (``benchmarks/seed_papers.py``),
 :mod:`audit.stats`; a claim is "reproduced" only when its (corrected) test rejects at 0.05 in the paper's direction,
 "not reproduced" when it rejects in the other direction, "inconclusive" otherwise.
 
-    python benchmarks/seed_findings.py [--scales gpu_full gpu_full_vit_long gpu_full_vit gpu ... cpu]
+    python benchmarks/seed_findings.py [--scales gpu_full gpu_full_vit_long cpu_vit_long gpu_full_vit gpu ... cpu]
 """
 
 from __future__ import annotations
@@ -353,7 +353,8 @@ def ganesh_rows(scale: str) -> list[str]:
 
 
 SECTIONS = (continual_rows, bu_arm_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
-SCALES = ("gpu_full", "gpu_full_vit_long", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit", "cpu")
+SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit",
+          "cpu")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,10 +76,12 @@ def test_budget_split_rows_test_the_per_seed_runs_when_they_are_here(out, monkey
     assert "on the table's rounded mean ± SD" in seed_findings.finetune_table_rows("cpu_hour")[0]
 
 
-def _vit_json(out: Path, scale: str, *, rho: dict[str, float], noise: float, seeds: int = 5) -> None:
-    """A ViT arm result whose per-block D is ρ^l times a seed factor, with multiplicative noise."""
+def _vit_json(out: Path, scale: str, *, rho: dict[str, float], noise: float, seeds: int = 5,
+              shared: bool = False) -> None:
+    """A ViT arm result whose per-block D is ρ^l times a seed factor, with multiplicative noise (``shared``: one
+    pre-trained model for every seed, as ``vit_shared_pretrain`` runs it)."""
     rng = np.random.default_rng(0)
-    per: dict[str, list] = {"pretrain_acc": [0.5] * seeds}
+    per: dict[str, list] = {"pretrain_acc": [0.5] * seeds if shared else [0.5 + 0.01 * s for s in range(seeds)]}
     for tag, r in rho.items():
         for kind in ("tuned", "untuned"):
             key = f"{tag}_{kind}"
@@ -95,7 +97,7 @@ def _vit_json(out: Path, scale: str, *, rho: dict[str, float], noise: float, see
                 per[f"{key}_r2_D"].append(float(r2))
             per[f"{key}_rho_res"], per[f"{key}_r2_res"] = per[f"{key}_rho_D"], per[f"{key}_r2_D"]
     arm = {"arm": "vit", "scale": scale, "seeds": list(range(seeds)), "blocks": 12, "vit_kwargs": {"embed_dim": 64},
-           "steps": 300, "probe_images": 1000, "epsilons": list(rho), "per_seed": per}
+           "steps": 300, "probe_images": 1000, "epsilons": list(rho), "per_seed": per, "shared_pretrain": shared}
     (out / "results/seed_arms" / scale).mkdir(parents=True, exist_ok=True)
     (out / "results/seed_arms" / scale / "vit.json").write_text(json.dumps(arm))
 
@@ -107,6 +109,9 @@ def test_vit_law_rows_follow_the_fits(out):
     assert len(rows) == 5 and all("| cpu_hour_vit |" in r for r in rows)
     assert "**reproduced**" in rows[0]          # near-exact geometric decay: R² ≈ 1 at every ε
     assert "**reproduced**" in rows[3]          # ρ at ε = 1 (0.95) > ρ at ε = ∞ (0.8)
+    assert "pre-trained model 52.0 ± 1.6 %" in rows[0]  # one pre-training per seed: their spread
+    _vit_json(out, "cpu_hour_vit", rho=rho, noise=0.01, shared=True)
+    assert "one pre-trained model for every seed, 50.0 %" in seed_findings.vit_rows("cpu_hour_vit")[0]
     # no geometric structure at all: D is pure noise around a constant, R² far below the bar
     _vit_json(out, "cpu_hour_vit", rho=dict.fromkeys(rho, 1.0), noise=0.5)
     rows = seed_findings.vit_rows("cpu_hour_vit")
