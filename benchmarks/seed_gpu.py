@@ -32,7 +32,8 @@ tables --scale gpu`` and ``python benchmarks/seed_findings.py``.
 A lease: here ``prepare --jpeg`` and the wheels of opacus, dp-accounting, dm-tree and pydantic (+ pydantic-core,
 annotated-types, typing-inspection, typing-extensions) in ``.whl/``, both git-ignored (timm is on the device
 already), σ calibrated here into ``results/sigma-cache``; the device tool's ``run`` with ``carry`` = ``.whl``,
-``.device_data/cifar10.jpeg.npz`` and ``results/sigma-cache`` and the command::
+``.device_data/cifar10.jpeg.npz``, ``results/sigma-cache`` and, where some of an arm's parts already ran here,
+``results/seed_arms/gpu_full/parts`` (the queue skips them), and the command::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
     python3 benchmarks/seed_gpu.py decode
