@@ -112,6 +112,9 @@ def test_vit_law_rows_follow_the_fits(out):
     assert "pre-trained model 52.0 ± 1.6 %" in rows[0]  # one pre-training per seed: their spread
     _vit_json(out, "cpu_hour_vit", rho=rho, noise=0.01, shared=True)
     assert "one pre-trained model for every seed, 50.0 %" in seed_findings.vit_rows("cpu_hour_vit")[0]
+    _vit_json(out, "cpu_hour_vit", rho={"eps1": 0.95, "eps8": 0.85}, noise=0.01)  # a merge short of ε = ∞
+    rows = seed_findings.vit_rows("cpu_hour_vit")
+    assert len(rows) == 5 and "not measured" in rows[3] and "**inconclusive**" in rows[3]
     # no geometric structure at all: D is pure noise around a constant, R² far below the bar
     _vit_json(out, "cpu_hour_vit", rho=dict.fromkeys(rho, 1.0), noise=0.5)
     rows = seed_findings.vit_rows("cpu_hour_vit")
