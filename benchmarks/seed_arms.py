@@ -111,8 +111,9 @@ SCALES["gpu_full_vit_long"] = SCALES["gpu_full_vit"].with_(
 # crops and flips on 22,500 public images (vit_public 25,000, a tenth of it the search's parts), where 8,000 steps on
 # 18,000 images gave 59.7 % (vit_pretrain_probe.augment.md); DP steps by book-keeping (0.17 s a step against 0.27 s
 # with Opacus hooks here, the same clipped sums). On this CPU, one thread a process: the pre-training 0.13 s a step
-# (~35 min, once), then 20 (seed, ε) jobs of ~3 minutes two at a time:
-# `seed_gpu.py run --scale gpu_full --arms vit --no-runs --arm-scale vit=cpu_vit_long --workers 2`
+# (38 min, once), then 20 (seed, ε) jobs of ~2.5 minutes:
+# `seed_gpu.py run --scale gpu_full --arms vit --no-runs --arm-scale vit=cpu_vit_long --workers 2`. Ran 2026-11-26:
+# 60.9 % on the arm's 1,000 test images, 63.9 % on all 10,000 (results/reference/seed_arms/cpu_vit_long/)
 SCALES["cpu_vit_long"] = SCALES["cpu_hour_vit"].with_(
     name="cpu_vit_long", source_steps=16000, vit_public=25000, vit_pretrain_augment=True, vit_shared_pretrain=True,
     vit_pretrain_schedule="cosine", vit_pretrain_warmup=400, grad_sample_mode="bk")
