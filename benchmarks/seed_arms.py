@@ -5,6 +5,7 @@ Usage (from the repository root; needs ``../shared/data``)::
     python benchmarks/seed_arms.py run continual trace ke ganesh vit --scale cpu [--workers 2]
     python benchmarks/seed_arms.py run continual trace ke ganesh vit --scale full  # issue 16's scale (a GPU)
     python benchmarks/seed_findings.py --scale cpu                                # results/reference/seed_findings.md
+    python benchmarks/seed_arms.py pretrained --scale cpu_vit_long  # the ViT arm's pre-trained model, whole test split
 
 Each arm writes ``results/seed_arms/<scale>/<arm>.json`` (its per-seed numbers, the scale, wall time, machine);
 :mod:`seed_findings` turns them and the experiment tables into one claim-by-claim table. ``--workers`` runs arms
@@ -113,7 +114,7 @@ SCALES["gpu_full_vit_long"] = SCALES["gpu_full_vit"].with_(
 # with Opacus hooks here, the same clipped sums). On this CPU, one thread a process: the pre-training 0.13 s a step
 # (38 min, once), then 20 (seed, ε) jobs of ~2.5 minutes:
 # `seed_gpu.py run --scale gpu_full --arms vit --no-runs --arm-scale vit=cpu_vit_long --workers 2`. Ran 2026-11-26:
-# 60.9 % on the arm's 1,000 test images, 63.9 % on all 10,000 (results/reference/seed_arms/cpu_vit_long/)
+# 60.9 % on the arm's 1,000 test images, 63.9 % on all 10,000 (`seed_arms.py pretrained --scale cpu_vit_long`)
 SCALES["cpu_vit_long"] = SCALES["cpu_hour_vit"].with_(
     name="cpu_vit_long", source_steps=16000, vit_public=25000, vit_pretrain_augment=True, vit_shared_pretrain=True,
     vit_pretrain_schedule="cosine", vit_pretrain_warmup=400, grad_sample_mode="bk")
@@ -183,6 +184,21 @@ def merge(name: str, scale_name: str) -> dict | None:
     return out
 
 
+def pretrained_accuracy(scale_name: str, *, test_images: int = 10**9) -> tuple[float, int]:
+    """(accuracy, images) of the ViT arm's seed-0 pre-trained model at ``scale_name`` on up to ``test_images`` of
+    the test split (all of it by default, where the arm scores only ``scale.test``): the model the part jobs
+    cached in ``results/seed_arms/<scale>/pretrained`` (the same key), trained there if it is absent."""
+    from audit.seed_arms.common import load_arm_data, test_acc
+    from audit.seed_arms.vit import pretrained_vit
+
+    os.chdir(ROOT)
+    scale = SCALES[scale_name]
+    data = load_arm_data(scale.with_(public=scale.vit_public) if scale.vit_public else scale)
+    model = pretrained_vit(scale, data, seed=0, cache=OUT / scale_name / "pretrained")
+    whole = load_arm_data(scale.with_(public=scale.vit_public or scale.public, test=test_images)).test
+    return test_acc(model, whole), len(whole)
+
+
 def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> tuple[str, float]:
     """Run one arm at a named scale (all seeds, or one ``seed``, or one ``part`` of a seed: see :data:`SPLITS`) and
     write its JSON; returns (arm, seconds)."""
@@ -224,7 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("merge", help="join the per-seed parts of arms (written by seed_gpu.py) into <arm>.json")
     m.add_argument("arms", nargs="+", choices=sorted(ARMS))
     m.add_argument("--scale", choices=sorted(SCALES), default="gpu")
+    v = sub.add_parser("pretrained", help="the ViT arm's pre-trained model (seed 0; the one every seed shares with "
+                       "vit_shared_pretrain) on the whole test split: loaded from the run's cache, trained if absent")
+    v.add_argument("--scale", choices=sorted(SCALES), default="cpu_vit_long")
     args = parser.parse_args(argv)
+    if args.cmd == "pretrained":
+        acc, n = pretrained_accuracy(args.scale)
+        print(f"{args.scale}: the pre-trained ViT (seed 0) {100 * acc:.1f} % on {n} test images", flush=True)
+        return 0
     if args.cmd == "merge":
         for a in args.arms:
             got = merge(a, args.scale)

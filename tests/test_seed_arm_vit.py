@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -254,3 +255,31 @@ def test_the_vits_dp_fine_tuning_is_dominated_by_its_noise(data):
     assert torch.allclose(clip, clip_again)
     assert abs(float(cos(noisy, clip, dim=0))) < 0.3
     assert 0.3 < float(noisy.norm() / clip.norm()) < 3
+
+
+def test_pretrained_accuracy_scores_the_jobs_cached_model_on_the_whole_test_split(tmp_path, monkeypatch):
+    """benchmarks/seed_arms.py pretrained: the model a (seed, ε) part job cached, loaded (not trained again) and
+    scored; on the arm's own test images it gives the part's pre-training accuracy, by default the whole split."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import audit.seed_arms.vit as vit
+    import seed_arms
+
+    shared = TINY.with_(name="tiny_shared", seeds=(0, 1), vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
+    monkeypatch.setitem(seed_arms.SCALES, "tiny_shared", shared)
+    seed_arms.run_arm("vit", "tiny_shared", 1, 8.0)  # seed 1's job pre-trains the shared (seed-0) model
+    part = json.loads(seed_arms.part_path("tiny_shared", "vit", 1, 8.0).read_text())
+    real = vit.train
+
+    def no_pretraining(model, specs, **kw):
+        assert all(s.name != "public" for s in specs), "the cached pre-training was trained again"
+        return real(model, specs, **kw)
+
+    monkeypatch.setattr(vit, "train", no_pretraining)
+    acc, n = seed_arms.pretrained_accuracy("tiny_shared", test_images=TINY.test)
+    assert n == TINY.test and acc == part["per_seed"]["pretrain_acc"][0]
+    acc_all, n_all = seed_arms.pretrained_accuracy("tiny_shared")
+    assert n_all > TINY.test and 0.0 <= acc_all <= 1.0

@@ -60,7 +60,7 @@ from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
-           "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
+           "pretrained_vit", "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
 
 TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only (the public tuning-train and "
                        "tuning-validation parts, disjoint from the private images)")
@@ -196,6 +196,23 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
     return {"lr": max(trials, key=rank)["lr"], "trials": trials}
 
 
+def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", cache: str | Path | None = None
+                   ) -> torch.nn.Module:
+    """The arm's public pre-training of ``seed`` (with ``vit_shared_pretrain`` the arm asks for seed 0 only):
+    ``source_steps`` non-DP steps on the public pre-training part, kept in and loaded from ``cache``
+    (:func:`audit.seed_arms.common.cached_fit`)."""
+    base = _base_lr(scale)
+    pretrain = public_parts(data.public, scale.vit_tune_fraction).pretrain
+    pre = phase("public", pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0, lr=base,
+                augment=CROP_FLIP if scale.vit_pretrain_augment else None, schedule=scale.vit_pretrain_schedule,
+                warmup_steps=scale.vit_pretrain_warmup)
+    return cached_fit(cache, fit_key(scale, pretrain, seed=seed, lr=base, device=device),
+                      lambda: build(scale, data, seed=seed, device=device, arch=scale.vit_arch,
+                                    kwargs=scale.vit_kwargs),
+                      lambda model: train(model, [pre], seed=seed, device=device), device=device,
+                      prefix="vit-pretrained")
+
+
 def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
             data: ArmData | None = None, pretrained_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: pre-train, then every (ε, tuned/untuned) private fine-tuning with its accuracy and per-block
@@ -227,19 +244,11 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
     shared: dict[int, torch.nn.Module] = {}  # a shared pre-training, trained once in this process
 
     def pretrain_for(seed: int) -> torch.nn.Module:
-        ps = 0 if scale.vit_shared_pretrain else seed
-        if ps not in shared:
-            pre = phase("public", parts.pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=ps,
-                        index=0, lr=base, augment=CROP_FLIP if scale.vit_pretrain_augment else None,
-                        schedule=scale.vit_pretrain_schedule, warmup_steps=scale.vit_pretrain_warmup)
-            made = cached_fit(
-                pretrained_cache, fit_key(scale, parts.pretrain, seed=ps, lr=base, device=device),
-                lambda: build(scale, data, seed=ps, device=device, arch=scale.vit_arch, kwargs=scale.vit_kwargs),
-                lambda model: train(model, [pre], seed=ps, device=device), device=device, prefix="vit-pretrained")
-            if not scale.vit_shared_pretrain:
-                return made
-            shared[ps] = made
-        return shared[ps]
+        if not scale.vit_shared_pretrain:
+            return pretrained_vit(scale, data, seed=seed, device=device, cache=pretrained_cache)
+        if 0 not in shared:
+            shared[0] = pretrained_vit(scale, data, seed=0, device=device, cache=pretrained_cache)
+        return shared[0]
 
     def one(seed: int) -> dict[str, Any]:
         pretrained = pretrain_for(seed)
