@@ -188,15 +188,15 @@ def pretrained_accuracy(scale_name: str, *, test_images: int = 10**9) -> tuple[f
     """(accuracy, images) of the ViT arm's seed-0 pre-trained model at ``scale_name`` on up to ``test_images`` of
     the test split (all of it by default, where the arm scores only ``scale.test``): the model the part jobs
     cached in ``results/seed_arms/<scale>/pretrained`` (the same key), trained there if it is absent."""
-    from audit.seed_arms.common import load_arm_data, test_acc
-    from audit.seed_arms.vit import pretrained_vit
+    from audit.seed_arms.common import test_acc
+    from audit.seed_arms.vit import pretrained_vit, vit_data
 
     os.chdir(ROOT)
     scale = SCALES[scale_name]
-    data = load_arm_data(scale.with_(public=scale.vit_public) if scale.vit_public else scale)
+    # the test split's size changes neither the other images drawn nor the cache key (made of ``scale``)
+    data = vit_data(scale.with_(test=test_images))
     model = pretrained_vit(scale, data, seed=0, cache=OUT / scale_name / "pretrained")
-    whole = load_arm_data(scale.with_(public=scale.vit_public or scale.public, test=test_images)).test
-    return test_acc(model, whole), len(whole)
+    return test_acc(model, data.test), len(data.test)
 
 
 def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> tuple[str, float]:

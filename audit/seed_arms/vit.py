@@ -60,7 +60,7 @@ from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
-           "pretrained_vit", "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
+           "vit_data", "pretrained_vit", "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
 
 TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only (the public tuning-train and "
                        "tuning-validation parts, disjoint from the private images)")
@@ -196,6 +196,12 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
     return {"lr": max(trials, key=rank)["lr"], "trials": trials}
 
 
+def vit_data(scale: ArmScale, *, device="cpu") -> ArmData:
+    """The arm's images: :func:`~audit.seed_arms.common.load_arm_data` with ``vit_public`` public images (when
+    set) for the pre-training and the search."""
+    return load_arm_data(scale.with_(public=scale.vit_public) if scale.vit_public else scale, device=device)
+
+
 def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", cache: str | Path | None = None
                    ) -> torch.nn.Module:
     """The arm's public pre-training of ``seed`` (with ``vit_shared_pretrain`` the arm asks for seed 0 only):
@@ -220,7 +226,7 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
     that shares each seed's pre-trained weights between the jobs of one run
     (:func:`audit.seed_arms.common.cached_fit`)."""
     if data is None:
-        data = load_arm_data(scale.with_(public=scale.vit_public) if scale.vit_public else scale, device=device)
+        data = vit_data(scale, device=device)
     parts = public_parts(data.public, scale.vit_tune_fraction)
     probe = probe_set(data.test, scale.vit_probe_images)
     n, t = len(data.private), scale.steps
