@@ -118,6 +118,15 @@ SCALES["gpu_full_vit_long"] = SCALES["gpu_full_vit"].with_(
 SCALES["cpu_vit_long"] = SCALES["cpu_hour_vit"].with_(
     name="cpu_vit_long", source_steps=16000, vit_public=25000, vit_pretrain_augment=True, vit_shared_pretrain=True,
     vit_pretrain_schedule="cosine", vit_pretrain_warmup=400, grad_sample_mode="bk")
+# Ke et al.'s arm on a source past issue 16's 60 % on this CPU: `cpu_vit_long`'s pre-trained ViT (63.9 % on the 10,000
+# CIFAR-10 test images; the same cache key, so `results/seed_arms/cpu_vit_long/pretrained/` copied to this scale's
+# folder spares the 38-minute pre-training), DP fine-tuned on the 10-class Food-101 slice (2,500 private images, 500
+# held-out validation ones for the split selection and the kNN queries, 1,000 test) for 1,000 FFT steps of batch
+# 128 at ε = 8 (PLD), LP phases of 500 steps, the head's rate ×5 by parameter group, kNN quality every 100 steps;
+# DP steps by book-keeping (0.17 s a step on one core). 25 (seed, run) jobs of ~3 minutes:
+# `seed_gpu.py run --scale gpu_full --arms ke --no-runs --arm-scale ke=cpu_vit_ke --workers 2`
+SCALES["cpu_vit_ke"] = SCALES["cpu_vit_long"].with_(name="cpu_vit_ke", ke_source="vit", steps=1000, knn_every=100,
+                                                    downstream_private=2500, downstream_val=500)
 # the ViT arm as it fitted the last ~10 minutes of a 30-minute H100 lease: 3 seeds, 500 fine-tuning steps per
 # (ε, tuned/untuned), a 96-wide 12-block ViT pre-trained for 1,000 steps on the 1,600 public pre-training images
 SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=1000, seeds=(0, 1, 2),
@@ -217,8 +226,8 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> t
         scale = scale.with_(**{SPLITS[name].field: (part,)})
     device = resolve_device("auto")
     t0 = time.perf_counter()
-    # part jobs share what they would each pre-train alike (a seed's ViT, the Ke source) through a cache
-    extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if part is not None and name in ("vit", "ke") else {}
+    # runs and part jobs share what they would each pre-train alike (a seed's ViT, the Ke source) through a cache
+    extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if name in ("vit", "ke") else {}
     res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True), **extra)
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "

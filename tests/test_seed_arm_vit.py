@@ -283,3 +283,69 @@ def test_pretrained_accuracy_scores_the_jobs_cached_model_on_the_whole_test_spli
     assert n == TINY.test and acc == part["per_seed"]["pretrain_acc"][0]
     acc_all, n_all = seed_arms.pretrained_accuracy("tiny_shared")
     assert n_all > TINY.test and 0.0 <= acc_all <= 1.0
+
+
+#: a different value for every field that fit_key leaves out as read only after the shared model is trained
+_AFTER_FIT_VALUES = {
+    "name": "other", "downstream": "digits", "downstream_root": "elsewhere", "downstream_private": 50,
+    "downstream_val": 10, "head_lr_scale": 2.0, "steps": 9, "switch": 1, "public_steps": (0, 1), "epsilon": 2.0,
+    "delta": 1e-6, "clip": 0.5, "hessian_probes": 3, "hessian_every": 7, "trace_steps": 5, "knn_every": 2,
+    "barrier_points": 4, "lp_fractions": (0.5,), "accountant": "pld", "noise_multiplier": 2.0, "vit_trials": 5,
+    "vit_trial_steps": 7, "vit_lr_range": (0.5, 2.0), "vit_probe_images": 9, "grad_sample_mode": "bk",
+    "ke_source": "vit"}
+
+
+def test_fields_left_out_of_the_cache_key_do_not_change_the_pretrained_model(data):
+    """fit_key drops AFTER_FIT_FIELDS so that two scales share a pre-trained model (the Ke et al. arm on the ViT
+    arm's): changing any of them leaves the key *and* the trained weights as they are, while a field the
+    pre-training reads changes the key."""
+    from audit.seed_arms.common import AFTER_FIT_FIELDS, fit_key
+    from audit.seed_arms.vit import pretrained_vit, vit_lr
+
+    assert set(_AFTER_FIT_VALUES) == set(AFTER_FIT_FIELDS)
+    base = TINY.with_(source_steps=3)
+    key = fit_key(base, data.public, seed=0, lr=vit_lr(base), device="cpu")
+    ref = pretrained_vit(base, data, seed=0).state_dict()
+    for name, value in _AFTER_FIT_VALUES.items():
+        other = base.with_(**{name: value})
+        assert getattr(other, name) != getattr(base, name), name
+        assert fit_key(other, data.public, seed=0, lr=vit_lr(other), device="cpu") == key, name
+        got = pretrained_vit(other, data, seed=0).state_dict()
+        assert all(torch.equal(got[k], ref[k]) for k in ref), name
+    for name, value in (("source_steps", 4), ("batch_size", 10), ("vit_kwargs", {**TINY.vit_kwargs, "depth": 11}),
+                        ("vit_pretrain_schedule", "cosine"), ("augment", True)):
+        assert fit_key(base.with_(**{name: value}), data.public, seed=0, lr=vit_lr(base), device="cpu") != key, name
+
+
+def test_ke_arm_on_the_vit_source_fine_tunes_the_vit_arms_pretrained_model(data, tmp_path, monkeypatch):
+    """ke_source='vit': the Ke et al. arm starts from the ViT arm's pre-trained model (loaded from the ViT arm's
+    cache, not trained again) at the ViT's learning rate, and reports the source's accuracy and arch."""
+    import audit.seed_arms.ke as ke
+    import audit.seed_arms.vit as vit
+    from audit.seed_arms.common import test_acc
+
+    vit_scale = TINY.with_(vit_lr=3e-3)
+    scale = vit_scale.with_(name="tiny_ke", ke_source="vit", downstream="digits", downstream_root=None,
+                            downstream_private=60, downstream_val=20, steps=4, knn_every=2, lp_fractions=(0.5,),
+                            noise_multiplier=1.0, grad_sample_mode="bk")
+    pre = vit.pretrained_vit(vit_scale, data, seed=0, cache=tmp_path)  # the ViT arm's job, at its own scale
+    calls, lrs = [], []
+    real = vit.train
+
+    def counting(model, specs, **kw):
+        calls.extend(s.name for s in specs)
+        lrs.extend(s.optim.lr for s in specs)
+        return real(model, specs, **kw)
+
+    monkeypatch.setattr(vit, "train", counting)
+    monkeypatch.setattr(ke, "train", counting)
+    res = ke.ke_arm(scale, pretrained_cache=tmp_path)
+    assert "public" not in calls and set(lrs) == {3e-3}  # loaded, not pre-trained; fine-tuned at vit_lr
+    assert res["source"] == "vit" and res["source_arch"] == TINY.vit_arch and res["lr"] == 3e-3
+    assert res["source_test_acc"] == test_acc(pre, data.test)
+    per = res["per_seed"]
+    assert {"random_acc", "zero_acc", "lp_aligned_acc", "lpfft50_acc", "selected_split"} <= set(per)
+    first = {k: per[f"{k}_knn_curve"][0][0]["knn"] for k in ("random", "zero", "lp_aligned")}
+    assert len(set(first.values())) == 1  # every head init starts from the same ViT backbone
+    with pytest.raises(ValueError, match="ke_source"):
+        TINY.with_(ke_source="resnet")

@@ -33,7 +33,7 @@ from training.phases import PhaseSpec
 
 __all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "TRACE_RUNS", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for",
            "phase", "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed", "PART_FIELDS",
-           "fit_key", "cached_fit", "chosen_parts"]
+           "AFTER_FIT_FIELDS", "KE_SOURCES", "fit_key", "cached_fit", "chosen_parts"]
 
 
 #: the arms' augmentation (``ArmScale.augment``, ``ArmScale.vit_pretrain_augment``): CIFAR's crop and flip
@@ -42,6 +42,8 @@ CROP_FLIP = AugmentConfig(crop_padding=4, flip=True)
 
 #: the trainings of the continual arm (:func:`audit.seed_arms.bu.continual_arm`), each one model per seed
 CONTINUAL_ARMS = ("nondp", "clip_only", "scratch", "continual", "plateau")
+#: the Ke et al. arm's source models (``ArmScale.ke_source``)
+KE_SOURCES = ("arch", "vit")
 #: the trainings of the tr(H) arm (:func:`audit.seed_arms.bu.trace_arm`), each one model per seed
 TRACE_RUNS = ("pretrain_nondp", "pretrain_dp", "finetune_dp")
 
@@ -73,7 +75,10 @@ class ArmScale:
     continual arm to run (:func:`audit.seed_arms.bu.continual_arm`; all five by default; one each when a GPU queue
     splits a seed into parts); ``ganesh_parts`` the parts of the Ganesh et al. arm
     (:func:`audit.seed_arms.ganesh.ganesh_parts`; None: all); ``trace_runs`` the tr(H) arm's trainings;
-    ``ke_parts`` the Ke et al. arm's runs (:func:`audit.seed_arms.ke.ke_parts`; None: all).
+    ``ke_parts`` the Ke et al. arm's runs (:func:`audit.seed_arms.ke.ke_parts`; None: all). ``ke_source`` is the
+    Ke et al. arm's pre-trained source model: ``arch`` (``scale.arch`` trained non-DP for ``source_steps`` on the
+    public images) or ``vit`` (the ViT arm's public pre-training, :func:`audit.seed_arms.vit.pretrained_vit`, seed 0,
+    fine-tuned at ``vit_lr``).
     """
 
     name: str
@@ -130,6 +135,7 @@ class ArmScale:
     ganesh_parts: tuple[str, ...] | None = None
     trace_runs: tuple[str, ...] = TRACE_RUNS
     ke_parts: tuple[str, ...] | None = None
+    ke_source: str = "arch"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -138,6 +144,8 @@ class ArmScale:
                 raise ValueError(f"ArmScale.{f} must be >= 1, got {getattr(self, f)}")
         if not self.seeds:
             raise ValueError("ArmScale.seeds must hold at least one seed")
+        if self.ke_source not in KE_SOURCES:
+            raise ValueError(f"ArmScale.ke_source must be one of {', '.join(KE_SOURCES)}, got {self.ke_source!r}")
 
     def with_(self, **kw: Any) -> "ArmScale":
         return replace(self, **kw)
@@ -328,13 +336,23 @@ def chosen_parts(scale: ArmScale, field: str, every: Sequence[str]) -> list[str]
 #: scale fields that differ between the part jobs of one run (``benchmarks/seed_arms.py``'s splits) and do not
 #: touch a model that the parts share (a seed's pre-trained ViT, the Ke et al. arm's source model)
 PART_FIELDS = ("seeds", "vit_epsilons", "continual_arms", "ganesh_parts", "trace_runs", "ke_parts")
+#: scale fields read only after a shared (public, non-DP) model is trained: the scale's name, the DP and
+#: fine-tuning phases that start from it, the measurements and the other arms' settings. Two scales that differ
+#: only in these share the model (a Ke et al. arm on the ViT arm's pre-trained model). Every field not named here
+#: stays in the key, so a new field keys the model until it is shown not to touch it.
+AFTER_FIT_FIELDS = ("name", "downstream", "downstream_root", "downstream_private", "downstream_val", "head_lr_scale",
+                    "steps", "switch", "public_steps", "epsilon", "delta", "clip", "hessian_probes", "hessian_every",
+                    "trace_steps", "knn_every", "barrier_points", "lp_fractions", "accountant", "noise_multiplier",
+                    "vit_trials", "vit_trial_steps", "vit_lr_range", "vit_probe_images", "grad_sample_mode",
+                    "ke_source")
 
 
 def fit_key(scale: ArmScale, images: ImageSet, *, seed: int, lr: float, device) -> dict[str, Any]:
-    """Everything that determines a shared model's weights: the scale's settings (less :data:`PART_FIELDS`), the
-    training images' fingerprint, the seed, the learning rate, the device type and torch's version."""
-    fields = {k: v for k, v in vars(scale).items() if k not in PART_FIELDS}
-    return {"format": 1, "scale": json.loads(json.dumps(fields, sort_keys=True, default=str)),
+    """Everything that determines a shared model's weights: the scale's settings (less :data:`PART_FIELDS` and
+    :data:`AFTER_FIT_FIELDS`), the training images' fingerprint, the seed, the learning rate, the device type and
+    torch's version."""
+    fields = {k: v for k, v in vars(scale).items() if k not in PART_FIELDS + AFTER_FIT_FIELDS}
+    return {"format": 2, "scale": json.loads(json.dumps(fields, sort_keys=True, default=str)),
             "images": images.fingerprint(), "seed": int(seed), "lr": float(lr),
             "device": torch.device(device).type, "torch": torch.__version__}
 

@@ -1,15 +1,16 @@
 """Ke et al. 2024's misalignment cause, at equal backbone steps (Ke, Hou, Fanti, Oh, "On the Convergence of
 Differentially-Private Fine-tuning: To Linearly Probe or to Fully Fine-tune?", arXiv:2402.18905).
 
-One source model (non-DP on the public pre-training images, ``source_steps``); per seed, DP fine-tuning on the
-downstream private images with the head initialised ``random`` (the model's own initialisation), ``zero``, or
-``lp_aligned`` (a DP linear-probing phase first), every arm with the same ``steps`` of full fine-tuning (the same
-number of backbone updates) at the same ε (LP-FFT's budget split by :func:`training.recipes.budget.split_budget`,
-composed by PLD). The head's learning rate is ``head_lr_scale`` times the backbone's, by parameter group
-(``optim.lr_scales``), in every phase, so no arm's head learns slower than another's. kNN accuracy of the backbone
-features (:func:`audit.transfer.knn.knn_classify`, held-out ``val`` images queried against a bank of private
-ones) is logged every ``knn_every`` steps: feature quality over time. The LP share of ε is swept over
-``lp_fractions`` and chosen per seed on the held-out ``val`` images, never on the test images.
+One source model (``ArmScale.ke_source``: ``scale.arch`` non-DP on the public pre-training images for
+``source_steps``, or the ViT arm's public pre-trained ViT, :func:`audit.seed_arms.vit.pretrained_vit`); per seed, DP
+fine-tuning on the downstream private images with the head initialised ``random`` (the model's own initialisation),
+``zero``, or ``lp_aligned`` (a DP linear-probing phase first), every arm with the same ``steps`` of full fine-tuning
+(the same number of backbone updates) at the same ε (LP-FFT's budget split by
+:func:`training.recipes.budget.split_budget`, composed by PLD). The head's learning rate is ``head_lr_scale`` times
+the backbone's, by parameter group (``optim.lr_scales``), in every phase, so no arm's head learns slower than
+another's. kNN accuracy of the backbone features (:func:`audit.transfer.knn.knn_classify`, held-out ``val`` images
+queried against a bank of private ones) is logged every ``knn_every`` steps: feature quality over time. The LP share
+of ε is swept over ``lp_fractions`` and chosen per seed on the held-out ``val`` images, never on the test images.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from audit.seed_arms.common import (ArmScale, build, cached_fit, chosen_parts, fit_key, load_arm_data, per_seed, phase,
                                     sigma_for, test_acc, train)
 
-__all__ = ["ke_arm", "knn_quality", "ke_parts", "select_split"]
+__all__ = ["ke_arm", "ke_source", "knn_quality", "ke_parts", "select_split"]
 
 HEAD_INITS = ("random", "zero")
 
@@ -63,6 +64,28 @@ def knn_quality(model: torch.nn.Module, bank, query, *, device="cpu") -> float:
                               k=min(20, len(bank))).accuracy.accuracy)
 
 
+def ke_source(scale: ArmScale, *, device="cpu", pretrained_cache: str | Path | None = None
+              ) -> tuple[torch.nn.Module, float, float]:
+    """(source model, its accuracy on the pre-training dataset's test images, the fine-tuning learning rate) of
+    ``scale.ke_source``: ``arch``, ``scale.arch`` trained non-DP for ``source_steps`` on the public images (seed 0)
+    and fine-tuned at ``lr``; ``vit``, the ViT arm's pre-trained model of seed 0 (the same cache key, so a run of
+    the ViT arm at the same pre-training settings is reused) fine-tuned at ``vit_lr``."""
+    if scale.ke_source == "vit":
+        from audit.seed_arms.vit import pretrained_vit, vit_data, vit_lr
+
+        pre = vit_data(scale, device=device)
+        source = pretrained_vit(scale, pre, seed=0, device=device, cache=pretrained_cache)
+        return source, test_acc(source, pre.test, device), vit_lr(scale)
+    pre = load_arm_data(scale, device=device)
+    source = cached_fit(
+        pretrained_cache, fit_key(scale, pre.public, seed=0, lr=scale.lr, device=device),
+        lambda: build(scale, pre, seed=0, device=device),
+        lambda model: train(model, [phase("public", pre.public, scale=scale, steps=scale.source_steps, sigma=None,
+                                          seed=0, index=0)], seed=0, device=device),
+        device=device, prefix="ke-source")
+    return source, test_acc(source, pre.test, device), float(scale.lr)
+
+
 def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
            pretrained_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: test accuracy, final and over-time kNN quality of the head-init arms, and the LP-FFT split sweep
@@ -72,15 +95,8 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
     from training.recipes.finetune import head_seed, new_head
 
     parts = chosen_parts(scale, "ke_parts", ke_parts(scale))
-    pre = load_arm_data(scale, device=device)
     down = load_arm_data(scale, downstream=True, device=device)
-    source = cached_fit(
-        pretrained_cache, fit_key(scale, pre.public, seed=0, lr=scale.lr, device=device),
-        lambda: build(scale, pre, seed=0, device=device),
-        lambda model: train(model, [phase("public", pre.public, scale=scale, steps=scale.source_steps, sigma=None,
-                                          seed=0, index=0)], seed=0, device=device),
-        device=device, prefix="ke-source")
-    source_acc = test_acc(source, pre.test, device)
+    source, source_acc, lr = ke_source(scale, device=device, pretrained_cache=pretrained_cache)
     n, t = len(down.private), scale.steps
     bank = down.private.subset(np.arange(min(len(down.private), 1000)))
     t_lp = max(1, t // 2)
@@ -95,7 +111,7 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
         model, head, every = start(init, seed)
         scales = {h: scale.head_lr_scale for h in head}
         phases = [phase(b.name, down.private, scale=scale, steps=b.steps, sigma=b.noise_multiplier, seed=seed,
-                        index=i, trainable=head if b.name == "lp" else every, lr_scales=scales)
+                        index=i, lr=lr, trainable=head if b.name == "lp" else every, lr_scales=scales)
                   for i, b in enumerate(plan)]
         hook = None
         if curve is not None:
@@ -140,6 +156,7 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
         out.update(select_split(out, scale.lp_fractions))
         return out
 
-    return {"arm": "ke", "scale": scale.name, "seeds": list(scale.seeds), "source_test_acc": source_acc,
-            "fft_steps": t, "lp_steps": t_lp, "head_lr_scale": scale.head_lr_scale,
+    return {"arm": "ke", "scale": scale.name, "seeds": list(scale.seeds), "source": scale.ke_source,
+            "source_arch": scale.vit_arch if scale.ke_source == "vit" else scale.arch, "source_test_acc": source_acc,
+            "lr": lr, "fft_steps": t, "lp_steps": t_lp, "head_lr_scale": scale.head_lr_scale,
             "per_seed": per_seed(scale, one, log)}

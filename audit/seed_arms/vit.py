@@ -60,7 +60,7 @@ from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
-           "vit_data", "pretrained_vit", "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
+           "vit_data", "vit_lr", "pretrained_vit", "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
 
 TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only (the public tuning-train and "
                        "tuning-validation parts, disjoint from the private images)")
@@ -156,7 +156,8 @@ def block_profile(model: torch.nn.Module, probe: ImageSet, *, device="cpu") -> d
     return {"D": d, "residual": res, "rho_D": rho_d, "r2_D": r2_d, "rho_res": rho_r, "r2_res": r2_r}
 
 
-def _base_lr(scale: ArmScale) -> float:
+def vit_lr(scale: ArmScale) -> float:
+    """The ViT's default learning rate: ``vit_lr``, else ``lr``."""
     return float(scale.vit_lr or scale.lr)
 
 
@@ -173,7 +174,7 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
     from training.evaluate import mean_loss
 
     parts = public_parts(data.public, scale.vit_tune_fraction)
-    lo, hi = (_base_lr(scale) * float(f) for f in scale.vit_lr_range)
+    lo, hi = (vit_lr(scale) * float(f) for f in scale.vit_lr_range)
     if not 0 < lo <= hi:
         raise ValueError(f"vit_lr_range must give 0 < low <= high learning rates, got {lo}, {hi}")
     rng = np.random.default_rng([int(seed), _SEARCH_KEY])
@@ -187,7 +188,7 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
         trials.append({"lr": float(lr), "val_acc": test_acc(model, parts.tune_val, device),
                        "val_loss": float(mean_loss(model, parts.tune_val, device=device))})
     if not trials:
-        return {"lr": _base_lr(scale), "trials": []}
+        return {"lr": vit_lr(scale), "trials": []}
 
     def rank(t: dict[str, float]) -> tuple[float, float]:
         loss = t["val_loss"] if math.isfinite(t["val_loss"]) else math.inf
@@ -207,7 +208,7 @@ def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", c
     """The arm's public pre-training of ``seed`` (with ``vit_shared_pretrain`` the arm asks for seed 0 only):
     ``source_steps`` non-DP steps on the public pre-training part, kept in and loaded from ``cache``
     (:func:`audit.seed_arms.common.cached_fit`)."""
-    base = _base_lr(scale)
+    base = vit_lr(scale)
     pretrain = public_parts(data.public, scale.vit_tune_fraction).pretrain
     pre = phase("public", pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0, lr=base,
                 augment=CROP_FLIP if scale.vit_pretrain_augment else None, schedule=scale.vit_pretrain_schedule,
@@ -234,7 +235,7 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
     if any(not e > 0 for e in epsilons):
         raise ValueError(f"vit_epsilons must be > 0 (inf: non-DP), got {epsilons}")
     sigmas = {e: None if math.isinf(e) else sigma_for(scale, n=n, steps=t, epsilon=e) for e in epsilons}
-    base = _base_lr(scale)
+    base = vit_lr(scale)
     blocks: list[int] = []
 
     def fine_tune(pretrained: torch.nn.Module, sigma: float | None, lr: float, seed: int, key: str,
