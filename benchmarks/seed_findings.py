@@ -6,7 +6,7 @@ Reads the continual-pretraining run directories (``benchmarks/seed_papers.py``),
 :mod:`audit.stats`; a claim is "reproduced" only when its (corrected) test rejects at 0.05 in the paper's direction,
 "not reproduced" when it rejects in the other direction, "inconclusive" otherwise.
 
-    python benchmarks/seed_findings.py [--scales gpu_full gpu_full_vit_long cpu_vit_long gpu_full_vit gpu ... cpu]
+    python benchmarks/seed_findings.py [--scales gpu_full gpu_full_vit_long cpu_vit_long cpu_vit_ke ... cpu]
 """
 
 from __future__ import annotations
@@ -316,7 +316,9 @@ def ke_rows(scale: str) -> list[str]:
         rows.append(row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
                          f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
                          f"LP-aligned {pct(ps['lp_aligned_acc'])}, random {pct(ps['random_acc'])}, zero "
-                         f"{pct(ps['zero_acc'])}", f"LP-aligned > random: {t}", v, cmd))
+                         f"{pct(ps['zero_acc'])} (source: {k.get('source_arch', 'the scale arch')} pre-trained "
+                         f"non-DP, {100 * k['source_test_acc']:.1f} % on the pre-training data's test images)",
+                         f"LP-aligned > random: {t}", v, cmd))
         t, v, _ = greater(ps["lp_aligned_knn"], ps["random_knn"], family=2)
         rows.append(row(scale, "Ke et al. 2024",
                                 "the misaligned (random) head distorts the features: kNN quality of the "
@@ -353,8 +355,8 @@ def ganesh_rows(scale: str) -> list[str]:
 
 
 SECTIONS = (continual_rows, bu_arm_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
-SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour", "cpu_hour_vit",
-          "cpu")
+SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "cpu_vit_ke", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour",
+          "cpu_hour_vit", "cpu")
 
 
 def main(argv: list[str] | None = None) -> int:

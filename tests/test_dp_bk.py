@@ -122,6 +122,34 @@ def test_ghost_and_materialised_norms_agree(T, p, d):
     assert L.use_ghost(T=65, p=384, d=384) and not L.use_ghost(T=1024, p=16, d=144)  # ViT tokens / CIFAR conv
 
 
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=2, groups=3, padding=1, padding_mode="reflect"),
+                                dict(dilation=2, padding="same", padding_mode="circular"), dict(padding="valid")])
+def test_conv_grad_samples_equal_a_per_example_loop_and_the_kept_sum_equals_the_plain_one(kw):
+    """The batch-folded grouped weight-gradient kernel gives each example's Conv2d weight gradient (a layer
+    called twice: summed over its calls), its squared norms are the materialised ones, and the clipped sum from
+    the kept gradients is the ordinary weight gradient with rescaled output gradients."""
+    torch.manual_seed(0)
+    layer = nn.Conv2d(6, 9, 3, **kw)
+    x1, x2 = torch.randn(5, 6, 9, 9), torch.randn(5, 6, 9, 9)
+    y1, y2 = layer(x1), layer(x2)
+    g1, g2 = torch.randn_like(y1), torch.randn_like(y2)
+    ref = []
+    for i in range(5):
+        out = (layer(x1[i:i + 1]) * g1[i:i + 1]).sum() + (layer(x2[i:i + 1]) * g2[i:i + 1]).sum()
+        ref.append(torch.autograd.grad(out, layer.weight)[0].reshape(9, -1))
+    got = L.conv2d_grad_samples(layer, [x1, x2], [g1, g2])
+    torch.testing.assert_close(got, torch.stack(ref), rtol=1e-4, atol=1e-5)
+    keep: dict = {}
+    norms = L.conv2d_norms(layer, [x1, x2], [g1, g2], keep=keep)
+    assert set(keep) == {"weight"}  # these shapes take the materialised path (2T² >= p·d)
+    torch.testing.assert_close(norms["weight"], torch.stack(ref).pow(2).sum((1, 2)), rtol=1e-4, atol=1e-4)
+    c = {"weight": torch.rand(5), "bias": torch.rand(5)}
+    kept, plain = (L.conv2d_sums(layer, [x1, x2], [g1, g2], c, kept=k) for k in (keep, None))
+    torch.testing.assert_close(kept["weight"], plain["weight"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kept["weight"], torch.einsum("i,ioj->oj", c["weight"], torch.stack(ref)).reshape(
+        layer.weight.shape), rtol=1e-4, atol=1e-4)
+
+
 def test_per_sample_norms_equal_a_batch_size_one_loop():
     x, y = batch(6)
     model = Mixed(padding_mode="reflect", padding_idx=0)

@@ -138,6 +138,7 @@ class BKModule(nn.Module):
         self._calls: dict[int, list[list]] = {}
         self._entries: list[tuple] = []
         self._cache: dict[int, dict] = {}
+        self._kept: dict[int, dict[str, torch.Tensor]] = {}  # materialised Conv2d weight gradients, norms -> sums
         self._scale = 1.0
         self._active = False
         self._anchors: dict[torch.device, torch.Tensor] = {}
@@ -224,14 +225,17 @@ class BKModule(nn.Module):
 
     def sq_norms(self, params: list[nn.Parameter]) -> torch.Tensor:
         """(n, len(params)) per-example squared gradient norms of ``params`` for the last backward pass."""
-        self._entries, self._cache = [], {}
+        self._entries, self._cache, self._kept = [], {}, {}
         columns = {id(p): j for j, p in enumerate(params)}
         cols: list[torch.Tensor | None] = [None] * len(params)
         n, device = 0, params[0].device
         for index, layer, kind, acts, grads in self._book():
             n, device = grads[0].shape[0], grads[0].device
-            if kind in ("linear", "conv2d", "embedding"):
-                fn = {"linear": L.linear_norms, "conv2d": L.conv2d_norms, "embedding": L.embedding_norms}[kind]
+            if kind == "conv2d":  # a materialised per-example weight gradient is kept for clipped_sums
+                got = L.conv2d_norms(layer, [a[0] for a in acts], grads, keep=self._kept.setdefault(index, {}))
+                found = {getattr(layer, k): v for k, v in got.items()}
+            elif kind in ("linear", "embedding"):
+                fn = {"linear": L.linear_norms, "embedding": L.embedding_norms}[kind]
                 found = {getattr(layer, k): v for k, v in fn(layer, [a[0] for a in acts], grads).items()}
             else:
                 found = {p: gs.reshape(n, -1).pow(2).sum(1)
@@ -251,7 +255,8 @@ class BKModule(nn.Module):
             if kind in ("linear", "conv2d", "embedding"):
                 mine = {k: columns[id(p)] for k, p in layer.named_parameters(recurse=False) if id(p) in columns}
                 fn = {"linear": L.linear_sums, "conv2d": L.conv2d_sums, "embedding": L.embedding_sums}[kind]
-                got = fn(layer, [a[0] for a in acts], grads, {k: factors[:, j] for k, j in mine.items()})
+                extra = {"kept": self._kept.get(index)} if kind == "conv2d" else {}
+                got = fn(layer, [a[0] for a in acts], grads, {k: factors[:, j] for k, j in mine.items()}, **extra)
                 for k, v in got.items():
                     sums[mine[k]] = v
             else:
@@ -259,7 +264,7 @@ class BKModule(nn.Module):
                     if id(p) in columns:
                         j = columns[id(p)]
                         sums[j] = torch.einsum("i,i...->...", factors[:, j].to(gs.dtype), gs)
-        self._entries, self._cache = [], {}
+        self._entries, self._cache, self._kept = [], {}, {}
         return [torch.zeros_like(p) if s is None else s.to(p.dtype).view_as(p) for p, s in zip(params, sums)]
 
     def _close(self) -> None:

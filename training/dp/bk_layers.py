@@ -8,7 +8,9 @@ sequence, Conv2d over the im2col patches), example i's gradient is ``G_i = g_i�
 * its squared norm is either the *ghost norm* ``⟨a_i a_iᵀ, g_i g_iᵀ⟩`` (two T × T Gram matrices) or the
   norm of the materialised ``G_i``; the paper's hybrid rule takes the ghost norm when ``2T² < p·d``;
 * the clipped sum is ``Σ_i c_i G_i = (c ⊙ g)ᵀ a``: one ordinary weight-gradient product with the output
-  gradients rescaled per example, no per-sample gradient kept.
+  gradients rescaled per example, no per-sample gradient kept; except that a Conv2d whose ``G_i`` were
+  materialised for the norm (by the convolution's own weight-gradient kernel, one group per example: far
+  cheaper on a CPU than im2col products) sums those instead.
 
 LayerNorm and GroupNorm have per-sample gradients of the size of their (small) parameters, which are
 materialised. Embedding's ghost norm counts the pairs of positions that look up the same row.
@@ -32,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["use_ghost", "matmul_sq_norms", "linear_norms", "linear_sums", "conv2d_norms", "conv2d_sums",
-           "norm_layer_grads", "embedding_norms", "embedding_sums"]
+__all__ = ["use_ghost", "matmul_sq_norms", "linear_norms", "linear_sums", "conv2d_grad_samples", "conv2d_norms",
+           "conv2d_sums", "norm_layer_grads", "embedding_norms", "embedding_sums"]
 
 
 def use_ghost(*, T: int, p: int, d: int) -> bool:
@@ -124,27 +126,63 @@ def _im2col(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return patches.permute(0, 1, 4, 5, 2, 3).reshape(n, C * kh * kw, Ho * Wo)
 
 
-def conv2d_norms(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-example squared gradient norms of a Conv2d layer's ``weight`` (im2col: positions = output pixels)."""
+def conv2d_grad_samples(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
+    """Example i's weight gradient ``G_i`` (n, out_channels, in_channels/groups·kh·kw), summed over the calls.
+
+    The convolution's own weight-gradient kernel computes it for all examples at once: the batch folded into the
+    channels, one group per (example, group) (``groups = n·G``). On a CPU this is several times faster than the
+    im2col copy and batched products of the same arithmetic (ResNet-20's 32×32 layers: ~7x).
+    """
+    n, G = grads[0].shape[0], layer.groups
+    plain = layer.padding_mode == "zeros" and not isinstance(layer.padding, str)  # let the kernel pad
+    total = None
+    for x, y in zip(acts, grads):
+        x = x.float() if plain else _padded(layer, x)
+        C, H, W = x.shape[1:]
+        w = torch.nn.grad.conv2d_weight(x.reshape(1, n * C, H, W), (n * layer.out_channels, C // G,
+                                                                   *layer.kernel_size),
+                                        y.float().reshape(1, n * layer.out_channels, *y.shape[2:]),
+                                        stride=layer.stride, padding=layer.padding if plain else 0,
+                                        dilation=layer.dilation, groups=n * G).reshape(n, layer.out_channels, -1)
+        total = w if total is None else total + w
+    return total
+
+
+def conv2d_norms(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Tensor],
+                 keep: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Per-example squared gradient norms of a Conv2d layer's ``weight`` (positions = output pixels): the ghost
+    norm over im2col patches when the hybrid rule takes it, else the materialised :func:`conv2d_grad_samples`,
+    which are left in ``keep["weight"]`` (when given) for :func:`conv2d_sums` to reuse."""
     n, G = grads[0].shape[0], layer.groups
     p = layer.out_channels // G
     d = layer.in_channels // G * layer.kernel_size[0] * layer.kernel_size[1]
     g = _cat([y.float().reshape(n, G, p, -1) for y in grads], 3).transpose(2, 3)  # (n, G, T, p)
     out = {}
     if layer.weight.requires_grad:
-        cols = [_im2col(layer, x) for x in acts]
-        a = _cat([c.reshape(n, G, d, -1) for c in cols], 3).transpose(2, 3)  # (n, G, T, d)
-        out["weight"] = matmul_sq_norms(a, g, ghost=use_ghost(T=a.shape[2], p=p, d=d))
+        if use_ghost(T=g.shape[2], p=p, d=d):
+            cols = [_im2col(layer, x) for x in acts]
+            a = _cat([c.reshape(n, G, d, -1) for c in cols], 3).transpose(2, 3)  # (n, G, T, d)
+            out["weight"] = matmul_sq_norms(a, g, ghost=True)
+        else:
+            samples = conv2d_grad_samples(layer, acts, grads)
+            out["weight"] = samples.pow(2).sum((1, 2))
+            if keep is not None:
+                keep["weight"] = samples
     if layer.bias is not None and layer.bias.requires_grad:
         out["bias"] = _bias_sq(g)
     return out
 
 
 def conv2d_sums(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Tensor],
-                factors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Σ_i c_i G_i: the convolution's ordinary weight gradient with each example's output gradient scaled."""
+                factors: dict[str, torch.Tensor], kept: dict[str, torch.Tensor] | None = None
+                ) -> dict[str, torch.Tensor]:
+    """Σ_i c_i G_i: from the per-example gradients :func:`conv2d_norms` ``kept`` (one weighted sum), else the
+    convolution's ordinary weight gradient with each example's output gradient scaled."""
     out = {}
-    if "weight" in factors:
+    if "weight" in factors and kept and "weight" in kept:
+        out["weight"] = torch.einsum("i,ioj->oj", factors["weight"].to(kept["weight"].dtype),
+                                     kept["weight"]).reshape(layer.weight.shape)
+    elif "weight" in factors:
         c = factors["weight"][:, None, None, None]
         plain = layer.padding_mode == "zeros" and not isinstance(layer.padding, str)  # let the kernel pad
         out["weight"] = sum(torch.nn.grad.conv2d_weight(x.float() if plain else _padded(layer, x), layer.weight.shape,
