@@ -22,6 +22,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,10 +78,15 @@ SCALES["cpu_hour_vit"] = SCALES["cpu_hour"].with_(
 # `decode` there) and the 3,600-image Food-101 slice of `prepare` for the Ke et al. arm's downstream task; crops and
 # flips in every phase, as in the configs' `gpu_full` scale (without them non-DP ResNet-20 stays under 60 %); tr(H)
 # (256 held-out images, 32 probes) every 100 of the tr(H) arm's 1,500 steps, 16 points a curve: at every 50 the
-# estimates (~1,000 fwd/bwd-equivalents a run) would double that arm's cost and its jobs would not fit one command
+# estimates (~1,000 fwd/bwd-equivalents a run) would double that arm's cost and its jobs would not fit one command.
+# DP steps by book-keeping since 2026-11-26 (Opacus hooks before): the same clipped sums and noise draws, and since bk
+# takes a Conv2d's per-example gradients from the grouped weight-gradient kernel ResNet-20's DP step costs half the
+# hooks one on a CPU thread (1.5x a non-DP step; 73 vs 103 ms on the H100 before that change). The arm parts that ran
+# earlier keep `hooks` in their settings; a merged arm lists who ran how under `mixed_settings`
 SCALES["gpu_full"] = SCALES["full"].with_(name="gpu_full", root=".device_data/cifar10_full",
                                           downstream_root=".device_data/food101", downstream_private=2500,
-                                          downstream_val=500, vit_public=20000, augment=True, hessian_every=100)
+                                          downstream_val=500, vit_public=20000, augment=True, hessian_every=100,
+                                          grad_sample_mode="bk")
 # the ViT arm for one 15-minute lease at gpu_full's data: ViT-Tiny's width, heads and depth (192, 3, 12; 5.4M
 # parameters) on 8×8 patches (17 tokens, as `cpu_hour_vit`), pre-trained 2,000 steps of batch 256 on 18,000 public
 # CIFAR-10 images with crops and flips (2,000 more are the search's parts), then per (ε, tuned/untuned) 300 steps on
@@ -155,6 +161,21 @@ def _join_seed(parts: list[dict]) -> dict:
     return out
 
 
+def mixed_settings(parts: list[dict], split_field: str) -> dict[str, dict[str, Any]]:
+    """The scale settings that differ between the parts of one run (other than the seeds and the split field
+    itself), each as {part label ``s<seed>[.<part>]``: value}; empty when the parts agree."""
+    def label(p: dict) -> str:
+        values = p["scale_settings"].get(split_field)
+        return f"s{p['seeds'][0]}" + (f".{'+'.join(str(v) for v in values)}" if values and len(values) == 1 else "")
+
+    keys = {k for p in parts for k in p["scale_settings"]} - {"seeds", split_field}
+    out = {}
+    for k in sorted(keys):
+        if len({json.dumps(p["scale_settings"].get(k), sort_keys=True, default=str) for p in parts}) > 1:
+            out[k] = {label(p): p["scale_settings"].get(k) for p in parts}
+    return out
+
+
 def merge(name: str, scale_name: str) -> dict | None:
     """One arm's per-seed parts as the arm's JSON (seeds in order, ``per_seed`` lists joined, wall time summed);
     (seed, ε) parts of a seed are joined first, and only what every seed has is kept. None when no part exists."""
@@ -183,6 +204,9 @@ def merge(name: str, scale_name: str) -> dict | None:
         out["sigmas"] = {e: out["sigmas"][e] for e in out["epsilons"]}
     out["scale_settings"] = {**parts[0]["scale_settings"], "seeds": out["seeds"]}
     split = SPLITS[name]  # each part ran at its one value: the merged run's settings name the values it kept
+    mixed = mixed_settings([p for s in sorted(by_seed) for p in by_seed[s]], split.field)
+    if mixed:  # e.g. a scale's grad_sample_mode changed between parts: say which part ran how
+        out["mixed_settings"] = mixed
     values = [split.load(v) for ps in by_seed.values() for p in ps for v in p["scale_settings"].get(split.field) or []]
     if values:  # (whole-seed parts of an unsplit run leave a None field as it was)
         kept = {v for v in values if split.marker(v) in out["per_seed"]}

@@ -381,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                 arm = next((a for a in (arm_result(sc, n) for n in ("continual", "trace", "ke", "ganesh", "vit"))
                             if a), None)
                 if arm:
-                    settings[sc] = arm.get("scale_settings", {})
+                    settings[sc] = {**arm.get("scale_settings", {}),
+                                    **({"mixed_settings": arm["mixed_settings"]} if "mixed_settings" in arm else {})}
                 if fn is not continual_rows:  # the configs' runs: every scale that has them (the GPU sweep and the
                     break                     # CPU runs measure different claims); the arms: the largest scale
     text = "\n".join([

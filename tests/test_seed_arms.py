@@ -91,6 +91,19 @@ def test_trace_arm_measures_every_arm_on_the_same_batch():
     assert rows["finetune_dp"][0]["trace_h"] != rows["pretrain_dp"][0]["trace_h"]
 
 
+def test_trace_arm_under_bk_measures_what_it_measures_under_hooks():
+    """A scale's DP steps by book-keeping (gpu_full's since its tr(H) arm was part-way): the same clipped sums
+    and noise, so the DP runs' tr(H) curves and accuracies agree with the hooks run's to rounding."""
+    from audit.seed_arms.bu import trace_arm
+
+    runs = {m: trace_arm(TINY.with_(grad_sample_mode=m, clip=0.05))["per_seed"] for m in ("hooks", "bk")}
+    for k in ("pretrain_dp", "finetune_dp"):
+        a, b = runs["hooks"][f"{k}_trace"][0], runs["bk"][f"{k}_trace"][0]
+        assert [r["step"] for r in a] == [r["step"] for r in b]
+        np.testing.assert_allclose([r["trace_h"] for r in a], [r["trace_h"] for r in b], rtol=1e-3, atol=1e-3)
+        assert a[-1]["trace_h"] != a[0]["trace_h"]  # the DP steps moved the model
+
+
 def test_ke_arm_equal_backbone_start_and_validation_selection():
     from audit.seed_arms.ke import ke_arm
 
@@ -345,3 +358,35 @@ def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
         with pytest.raises(SystemExit) as exc:
             seed_gpu.main(["run", "--scale", "gpu_full", "--arm-scale", *bad])
         assert exc.value.code == 2
+
+
+def test_merge_names_the_parts_that_ran_with_other_settings(tmp_path, monkeypatch):
+    """Parts of one run that differ in a setting (gpu_full's DP steps moved from hooks to bk part-way through its
+    tr(H) arm) merge with a ``mixed_settings`` record of who ran how; agreeing parts leave none."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import seed_arms
+
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
+    monkeypatch.setitem(seed_arms.SCALES, "tiny_mix", TINY.with_(name="tiny_mix"))
+    folder = tmp_path / "tiny_mix" / "parts"
+    folder.mkdir(parents=True)
+
+    def part(seed, run, mode):
+        settings = {**json.loads(json.dumps(vars(TINY), default=str)), "seeds": [seed], "trace_runs": [run],
+                    "grad_sample_mode": mode}
+        body = {"arm": "trace", "seeds": [seed], "wall_seconds": 1.0, "scale_settings": settings,
+                "per_seed": {f"{run}_acc": [0.5 + seed / 10]}}
+        (folder / f"trace.s{seed}.{run}.json").write_text(json.dumps(body))
+
+    for seed in (0, 1):
+        part(seed, "pretrain_nondp", "hooks")
+        part(seed, "pretrain_dp", "hooks")
+    merged = seed_arms.merge("trace", "tiny_mix")
+    assert "mixed_settings" not in merged and merged["per_seed"]["pretrain_dp_acc"] == [0.5, 0.6]
+    part(1, "pretrain_dp", "bk")
+    merged = seed_arms.merge("trace", "tiny_mix")
+    assert merged["mixed_settings"] == {"grad_sample_mode": {"s0.pretrain_dp": "hooks", "s0.pretrain_nondp": "hooks",
+                                                             "s1.pretrain_dp": "bk", "s1.pretrain_nondp": "hooks"}}
