@@ -102,6 +102,7 @@ def test_trace_arm_under_bk_measures_what_it_measures_under_hooks():
         assert [r["step"] for r in a] == [r["step"] for r in b]
         np.testing.assert_allclose([r["trace_h"] for r in a], [r["trace_h"] for r in b], rtol=1e-3, atol=1e-3)
         assert a[-1]["trace_h"] != a[0]["trace_h"]  # the DP steps moved the model
+        assert runs["hooks"][f"{k}_acc"] == runs["bk"][f"{k}_acc"]
 
 
 def test_ke_arm_equal_backbone_start_and_validation_selection():
@@ -115,6 +116,25 @@ def test_ke_arm_equal_backbone_start_and_validation_selection():
     keys = ["lpfft25", "lpfft50"]
     assert per["selected_split"][0] == max(keys, key=lambda k: per[f"{k}_val"][0])
     assert per["lp_aligned_knn_curve"][0][-1]["step"] == res["lp_steps"] + res["fft_steps"]
+
+
+def test_ke_lp_part_trains_the_head_alone_for_lp_ffts_total_steps(monkeypatch):
+    """DP-LP, the other end of Ke et al.'s comparison: one phase, the head's parameters only, as many DP steps
+    as LP-FFT (LP then FFT), at the σ of the whole ε for those steps."""
+    import audit.seed_arms.ke as ke
+    from audit.seed_arms.common import head_names, sigma_for
+
+    specs = []
+    real_train = ke.train
+    monkeypatch.setattr(ke, "train", lambda *a, **k: specs.append(list(a[1])) or real_train(*a, **k))
+    res = ke.ke_arm(TINY.with_(ke_parts=("lp",)))
+    (source,), (spec,) = specs  # the source's public phase, then the one DP-LP phase
+    assert source.name == "public" and spec.name == "lp"
+    assert spec.steps == res["lp_steps"] + res["fft_steps"] and spec.dp
+    assert spec.sigma == sigma_for(TINY, n=TINY.private, steps=spec.steps)
+    down = load_arm_data(TINY, downstream=True)
+    assert set(spec.trainable) == set(head_names(build(TINY, down, seed=0)))
+    assert {"lp_acc", "lp_val"} <= set(res["per_seed"]) and "random_acc" not in res["per_seed"]
 
 
 def test_loss_barrier_and_interpolation():
@@ -296,7 +316,7 @@ def test_ke_parts_share_one_source_and_merge_to_the_whole_arm_with_its_selection
 
     import audit.seed_arms.ke as ke
 
-    assert ke.ke_parts(TINY) == ["random", "zero", "lpfft25", "lpfft50"]
+    assert ke.ke_parts(TINY) == ["random", "zero", "lpfft25", "lpfft50", "lp"]
     monkeypatch.setattr(seed_arms, "OUT", tmp_path)
     monkeypatch.setitem(seed_arms.SCALES, "tiny_k", TINY.with_(name="tiny_k"))
     calls = []
@@ -305,7 +325,7 @@ def test_ke_parts_share_one_source_and_merge_to_the_whole_arm_with_its_selection
     whole = ke.ke_arm(TINY)
     assert calls.count("public") == 1
     calls.clear()
-    for part in ("lpfft50", "zero", "lpfft25", "random"):
+    for part in ("lpfft50", "zero", "lp", "lpfft25", "random"):
         seed_arms.run_arm("ke", "tiny_k", 0, part)
     assert calls.count("public") == 1  # the source: trained by the first part, loaded by the others
     assert len(list((tmp_path / "tiny_k" / "pretrained").glob("ke-source-*.safetensors"))) == 1
@@ -337,14 +357,14 @@ def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
     monkeypatch.setattr(seed_arms, "OUT", tmp_path)
     todo = seed_gpu.jobs(["vit", "continual", "ganesh", "trace", "ke"], False, scale="gpu_full")
     seeds = seed_arms.SCALES["gpu_full"].seeds
-    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 3 + 5)
+    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 3 + 6)
     assert [j[4] for j in todo if j[1] == "continual" and j[2] == seeds[0]] == list(CONTINUAL_ARMS)
     assert [j[4] for j in todo if j[1] == "ganesh" and j[2] == seeds[0]] == ["public10", "public30", "public100",
                                                                            "same", "random"]
     assert [j[4] for j in todo if j[1] == "trace" and j[2] == seeds[0]] == ["pretrain_nondp", "pretrain_dp",
                                                                           "finetune_dp"]
     assert [j[4] for j in todo if j[1] == "ke" and j[2] == seeds[0]] == ["random", "zero", "lpfft25", "lpfft50",
-                                                                       "lpfft75"]
+                                                                       "lpfft75", "lp"]
     done = seed_arms.part_path("gpu_full", "continual", seeds[0], "plateau")
     done.parent.mkdir(parents=True)
     done.write_text("{}")

@@ -11,6 +11,7 @@ the backbone's, by parameter group (``optim.lr_scales``), in every phase, so no 
 another's. kNN accuracy of the backbone features (:func:`audit.transfer.knn.knn_classify`, held-out ``val`` images
 queried against a bank of private ones) is logged every ``knn_every`` steps: feature quality over time. The LP share
 of ε is swept over ``lp_fractions`` and chosen per seed on the held-out ``val`` images, never on the test images.
+DP-LP alone (the head only, as many DP steps as LP-FFT, the whole ε) is the other end Ke et al. compare LP-FFT with.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def _split_key(f: float) -> str:
 
 def ke_parts(scale: ArmScale) -> list[str]:
     """The arm's independent runs of one seed (``ArmScale.ke_parts`` picks some; a GPU queue runs one each): the
-    head inits (``random``, ``zero``) and one LP-FFT run per budget split (``lpfft50`` is also the ``lp_aligned``
-    arm). Together: the whole arm."""
-    return list(HEAD_INITS) + [_split_key(f) for f in sorted(set(scale.lp_fractions) | {0.5})]
+    head inits (``random``, ``zero``), one LP-FFT run per budget split (``lpfft50`` is also the ``lp_aligned``
+    arm) and ``lp``, DP linear probing alone for as many DP steps as LP-FFT takes, at the whole ε. Together: the
+    whole arm."""
+    return list(HEAD_INITS) + [_split_key(f) for f in sorted(set(scale.lp_fractions) | {0.5})] + ["lp"]
 
 
 def select_split(values: dict[str, Any], lp_fractions) -> dict[str, Any]:
@@ -153,6 +155,11 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
             if curve is not None:
                 out.update({"lp_aligned_acc": out[f"{key}_acc"], "lp_aligned_knn": curve[-1]["knn"],
                             "lp_aligned_knn_curve": curve})
+        if "lp" in parts:  # DP-LP: the head alone, LP-FFT's total DP steps, the whole ε
+            k = t_lp + t
+            model = run(seed, "random", [PhaseBudget(name="lp", steps=k, noise_multiplier=sigma_for(scale, n=n,
+                                                                                                     steps=k))], None)
+            out.update({"lp_acc": test_acc(model, down.test, device), "lp_val": test_acc(model, down.val, device)})
         out.update(select_split(out, scale.lp_fractions))
         return out
 
