@@ -332,6 +332,12 @@ def ke_rows(scale: str) -> list[str]:
                          f"selected {', '.join(ps['selected_split'])}: {pct(ps['selected_acc'])} vs FFT "
                          f"{pct(ps['random_acc'])}", f"{t} (selection on val: no test-set correction needed)", v,
                          cmd))
+        if "lp_acc" in ps:  # DP-LP alone: the arm's other end (LP-FFT's total DP steps, the whole ε)
+            t, v, _ = greater(ps["selected_acc"], ps["lp_acc"])
+            rows.append(row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data "
+                             f"beats DP-LP (the head alone, {k['lp_steps'] + k['fft_steps']} DP steps, the whole ε)",
+                             f"selected {pct(ps['selected_acc'])} vs LP {pct(ps['lp_acc'])}",
+                             f"{t} (selection on val: no test-set correction needed)", v, cmd))
     return rows
 
 
