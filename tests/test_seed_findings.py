@@ -166,3 +166,29 @@ def test_machine_line_counts_runs_per_device():
         "2 runs, 12.0 min of training in total")  # the GPU's runs only: 120 s + 600 s
     assert tail.startswith("the other runs on this CPU") and tail.endswith("1 run, 1.0 min of training in total")
     assert " — " not in machine(runs[1:], [gpu, gpu])  # one device: one part
+
+
+def _ke_json(out, scale: str, *, selected: list[float], lp: list[float] | None) -> None:
+    n = len(selected)
+    per = {"random_acc": [0.40] * n, "zero_acc": [0.41] * n, "lp_aligned_acc": [0.42] * n,
+           "random_knn": [0.30] * n, "zero_knn": [0.31] * n, "lp_aligned_knn": [0.32] * n,
+           "random_knn_curve": [[{"step": 0, "knn": 0.29}]] * n, "selected_split": ["lpfft50"] * n,
+           "selected_acc": selected}
+    if lp is not None:
+        per["lp_acc"] = lp
+    body = {"arm": "ke", "scale": scale, "seeds": list(range(n)), "source": "vit",
+            "source_arch": "vit_tiny_patch16_224", "source_test_acc": 0.609, "fft_steps": 1000, "lp_steps": 500,
+            "head_lr_scale": 5.0, "per_seed": per}
+    (out / "seed_arms" / scale).mkdir(parents=True, exist_ok=True)
+    (out / "seed_arms" / scale / "ke.json").write_text(json.dumps(body))
+
+
+def test_ke_rows_name_the_source_and_test_lp_fft_against_lp_alone(out):
+    _ke_json(out, "cpu_vit_ke", selected=[0.45, 0.46, 0.44, 0.45, 0.46], lp=[0.30, 0.31, 0.29, 0.30, 0.31])
+    rows = seed_findings.ke_rows("cpu_vit_ke")
+    assert len(rows) == 4 and "vit_tiny_patch16_224 pre-trained non-DP, 60.9 %" in rows[0]
+    assert "beats DP-LP (the head alone, 1500 DP steps" in rows[3] and "**reproduced**" in rows[3]
+    _ke_json(out, "cpu_vit_ke", selected=[0.30, 0.31, 0.29, 0.30, 0.31], lp=[0.45, 0.46, 0.44, 0.45, 0.46])
+    assert "**not reproduced**" in seed_findings.ke_rows("cpu_vit_ke")[3]
+    _ke_json(out, "cpu_vit_ke", selected=[0.45, 0.46, 0.44, 0.45, 0.46], lp=None)  # an arm without the LP part
+    assert len(seed_findings.ke_rows("cpu_vit_ke")) == 3
