@@ -157,8 +157,8 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
                             "lp_aligned_knn_curve": curve})
         if "lp" in parts:  # DP-LP: the head alone, LP-FFT's total DP steps, the whole ε
             k = t_lp + t
-            model = run(seed, "random", [PhaseBudget(name="lp", steps=k, noise_multiplier=sigma_for(scale, n=n,
-                                                                                                     steps=k))], None)
+            plan = [PhaseBudget(name="lp", steps=k, noise_multiplier=sigma_for(scale, n=n, steps=k))]
+            model = run(seed, "random", plan, None)
             out.update({"lp_acc": test_acc(model, down.test, device), "lp_val": test_acc(model, down.val, device)})
         out.update(select_split(out, scale.lp_fractions))
         return out
