@@ -307,6 +307,20 @@ def finetune_table_rows(scale: str) -> list[str]:
     return rows
 
 
+def ke_source_text(k: dict) -> str:
+    """The Ke et al. arm's source model in words: ``the 12-block ViT of width 64 on 8×8 patches pre-trained non-DP,
+    60.9 % on 1,000 cifar10 test images``."""
+    st = k.get("scale_settings", {})
+    if k.get("source") == "vit" and st.get("vit_kwargs"):
+        kw = st["vit_kwargs"]
+        patch = f" on {kw['patch_size']}×{kw['patch_size']} patches" if "patch_size" in kw else ""
+        model = f"the {kw.get('depth', '?')}-block ViT of width {kw.get('embed_dim', '?')}{patch}"
+    else:
+        model = k.get("source_arch") or st.get("arch", "the scale's arch")
+    where = f"{st['test']:,} {st['dataset']} test images" if "test" in st and "dataset" in st else "its test images"
+    return f"{model} pre-trained non-DP, {100 * k['source_test_acc']:.1f} % on {where}"
+
+
 def ke_rows(scale: str) -> list[str]:
     rows = []
     k = arm_result(scale, "ke")
@@ -316,8 +330,7 @@ def ke_rows(scale: str) -> list[str]:
         rows.append(row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
                          f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
                          f"LP-aligned {pct(ps['lp_aligned_acc'])}, random {pct(ps['random_acc'])}, zero "
-                         f"{pct(ps['zero_acc'])} (source: {k.get('source_arch', 'the scale arch')} pre-trained "
-                         f"non-DP, {100 * k['source_test_acc']:.1f} % on the pre-training data's test images)",
+                         f"{pct(ps['zero_acc'])} (source: {ke_source_text(k)})",
                          f"LP-aligned > random: {t}", v, cmd))
         t, v, _ = greater(ps["lp_aligned_knn"], ps["random_knn"], family=2)
         rows.append(row(scale, "Ke et al. 2024",

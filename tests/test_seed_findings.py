@@ -178,7 +178,8 @@ def _ke_json(out, scale: str, *, selected: list[float], lp: list[float] | None) 
         per["lp_acc"] = lp
     body = {"arm": "ke", "scale": scale, "seeds": list(range(n)), "source": "vit",
             "source_arch": "vit_tiny_patch16_224", "source_test_acc": 0.609, "fft_steps": 1000, "lp_steps": 500,
-            "head_lr_scale": 5.0, "per_seed": per}
+            "head_lr_scale": 5.0, "per_seed": per, "scale_settings": {
+                "dataset": "cifar10", "test": 1000, "vit_kwargs": {"embed_dim": 64, "depth": 12, "patch_size": 8}}}
     (out / "seed_arms" / scale).mkdir(parents=True, exist_ok=True)
     (out / "seed_arms" / scale / "ke.json").write_text(json.dumps(body))
 
@@ -186,7 +187,8 @@ def _ke_json(out, scale: str, *, selected: list[float], lp: list[float] | None) 
 def test_ke_rows_name_the_source_and_test_lp_fft_against_lp_alone(out):
     _ke_json(out, "cpu_vit_ke", selected=[0.45, 0.46, 0.44, 0.45, 0.46], lp=[0.30, 0.31, 0.29, 0.30, 0.31])
     rows = seed_findings.ke_rows("cpu_vit_ke")
-    assert len(rows) == 4 and "vit_tiny_patch16_224 pre-trained non-DP, 60.9 %" in rows[0]
+    assert len(rows) == 4
+    assert "the 12-block ViT of width 64 on 8×8 patches pre-trained non-DP, 60.9 % on 1,000 cifar10 test" in rows[0]
     assert "beats DP-LP (the head alone, 1500 DP steps" in rows[3] and "**reproduced**" in rows[3]
     _ke_json(out, "cpu_vit_ke", selected=[0.30, 0.31, 0.29, 0.30, 0.31], lp=[0.45, 0.46, 0.44, 0.45, 0.46])
     assert "**not reproduced**" in seed_findings.ke_rows("cpu_vit_ke")[3]
