@@ -129,7 +129,8 @@ SCALES["cpu_vit_long"] = SCALES["cpu_hour_vit"].with_(
 # folder spares the 38-minute pre-training), DP fine-tuned on the 10-class Food-101 slice (2,500 private images, 500
 # held-out validation ones for the split selection and the kNN queries, 1,000 test) for 1,000 FFT steps of batch
 # 128 at ε = 8 (PLD), LP phases of 500 steps, the head's rate ×5 by parameter group, kNN quality every 100 steps;
-# DP steps by book-keeping (0.17 s a step on one core). 25 (seed, run) jobs of ~3 minutes:
+# DP steps by book-keeping (0.17 s a step on one core). 30 (seed, run) jobs, ~2-4 minutes alone on one core (5-9
+# beside three other jobs; ran 2026-11-26, 2 hours on the 2 cores shared with the tr(H) arm's parts):
 # `seed_gpu.py run --scale gpu_full --arms ke --no-runs --arm-scale ke=cpu_vit_ke --workers 2`
 SCALES["cpu_vit_ke"] = SCALES["cpu_vit_long"].with_(name="cpu_vit_ke", ke_source="vit", steps=1000, knn_every=100,
                                                     downstream_private=2500, downstream_val=500)
