@@ -195,8 +195,8 @@ LEFT_OUT = [
     "small CNN's. The tr(H) and Ganesh et al. arms have not run at that size: their rows are from `cpu_hour`, where "
     "non-DP is 33-37 %. The tr(H) arm is running at `gpu_full` part by part on this CPU between leases (its "
     "finished parts in `seed_arms/gpu_full/parts/`: all five non-DP pre-trainings, 68.0-71.2 % after 1,500 steps, "
-    "and three of five DP ones, 43.0-44.1 %; the five DP fine-tunings are left, ~50 minutes of one core each now "
-    "that bk's DP step on ResNet-20 costs 1.5x a non-DP one). Ganesh et al.'s arm at `gpu_full` is ~9 hours of "
-    "one core. `results/reference/seed_gpu/LEASES.md` plans the leases left: about 500-700 s of the whole GPU per "
+    "and all five DP ones, 43.0-44.5 %; the five DP fine-tunings are left, ~50 minutes of one core each now "
+    "that bk's DP step on ResNet-20 costs 1.5x a non-DP one). Ganesh et al.'s arm at `gpu_full` has begun the same "
+    "way (1 of 25 parts), ~9 hours of one core in all. `results/reference/seed_gpu/LEASES.md` plans the leases left: about 500-700 s of the whole GPU per "
     "arm, one arm a lease, and the ViT-Tiny again with one shared 8,000-step pre-training (`gpu_full_vit_long`).",
 ]
