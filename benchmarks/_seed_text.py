@@ -197,6 +197,6 @@ LEFT_OUT = [
     "finished parts in `seed_arms/gpu_full/parts/`: all five non-DP pre-trainings, 68.0-71.2 % after 1,500 steps, "
     "and all five DP ones, 43.0-44.5 %; the five DP fine-tunings are left, ~50 minutes of one core each now "
     "that bk's DP step on ResNet-20 costs 1.5x a non-DP one). Ganesh et al.'s arm at `gpu_full` has begun the same "
-    "way (1 of 25 parts), ~9 hours of one core in all. `results/reference/seed_gpu/LEASES.md` plans the leases left: about 500-700 s of the whole GPU per "
+    "way (3 of 25 parts), ~9 hours of one core in all. `results/reference/seed_gpu/LEASES.md` plans the leases left: about 500-700 s of the whole GPU per "
     "arm, one arm a lease, and the ViT-Tiny again with one shared 8,000-step pre-training (`gpu_full_vit_long`).",
 ]
