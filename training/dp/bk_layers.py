@@ -30,6 +30,8 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -117,6 +119,14 @@ def _padded(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return F.pad(x.float(), layer._reversed_padding_repeated_twice, mode=mode)
 
 
+def _kernel_input(layer: nn.Conv2d, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The input and the padding to hand ``torch.nn.grad.conv2d_weight``: zero padding given as numbers is left to
+    the kernel; any other mode, or 'same'/'valid', is applied here and the kernel pads nothing."""
+    if layer.padding_mode == "zeros" and not isinstance(layer.padding, str):
+        return x.float(), layer.padding
+    return _padded(layer, x), 0
+
+
 def _im2col(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """(n, C·kh·kw, L) patches, as ``F.unfold`` lays them out (which is far slower on CPU), from strided views."""
     (kh, kw), (dh, dw), (sh, sw) = layer.kernel_size, layer.dilation, layer.stride
@@ -134,16 +144,15 @@ def conv2d_grad_samples(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[
     im2col copy and batched products of the same arithmetic (ResNet-20's 32×32 layers: ~7x).
     """
     n, G = grads[0].shape[0], layer.groups
-    plain = layer.padding_mode == "zeros" and not isinstance(layer.padding, str)  # let the kernel pad
     total = None
     for x, y in zip(acts, grads):
-        x = x.float() if plain else _padded(layer, x)
+        x, padding = _kernel_input(layer, x)
         C, H, W = x.shape[1:]
         w = torch.nn.grad.conv2d_weight(x.reshape(1, n * C, H, W), (n * layer.out_channels, C // G,
                                                                    *layer.kernel_size),
                                         y.float().reshape(1, n * layer.out_channels, *y.shape[2:]),
-                                        stride=layer.stride, padding=layer.padding if plain else 0,
-                                        dilation=layer.dilation, groups=n * G).reshape(n, layer.out_channels, -1)
+                                        stride=layer.stride, padding=padding, dilation=layer.dilation,
+                                        groups=n * G).reshape(n, layer.out_channels, -1)
         total = w if total is None else total + w
     return total
 
@@ -237,7 +246,8 @@ def _embedding_flat(layer: nn.Embedding, acts: list[torch.Tensor], grads: list[t
     return idx, g
 
 
-def embedding_norms(layer: nn.Embedding, acts: list[torch.Tensor], grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def embedding_norms(layer: nn.Embedding, acts: list[torch.Tensor], grads: list[torch.Tensor]
+                    ) -> dict[str, torch.Tensor]:
     """Per-example squared norm of the embedding gradient: Σ_{t,s} [idx_t = idx_s] ⟨g_t, g_s⟩."""
     idx, g = _embedding_flat(layer, acts, grads)
     same = (idx[:, :, None] == idx[:, None, :]).float()
