@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from audit.stats import chance_test, fmt_mean_sd, fmt_p, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
-from _seed_continual import peak_and_fall, sweep_points  # noqa: E402
+from _seed_continual import PEAK_TEST, peak_and_fall, sweep_points  # noqa: E402
 from _seed_runs import OUT, ROOT, groups, hist  # noqa: E402
 from _seed_text import IN_WORDS, LEFT_OUT, SCALE_NOTE  # noqa: E402
 from _seed_law import R2_BAR, vit_rows  # noqa: E402,F401 - R2_BAR: the law's bar, read by the tests
@@ -67,7 +67,7 @@ def continual_rows(scale: str) -> list[str]:
                           f"{len(cs)} seed(s), last {statistics.mean(c[max(steps)] for c in cs):.0f}")
         rows.append(row(scale, "Bu et al. 2024", "tr(H) rises early in training, then peaks and falls (the configs' "
                          "runs; 256 held-out test images, 32 probes)", "; ".join(shapes),
-                         "peak − last > 2 SE (SD over seeds / √n)",
+                         PEAK_TEST,
                          "reproduced" if any("peak-and-fall" in x for x in shapes) else "inconclusive", cmd))
     if sweep:
         zero = next((k for s, k in sweep if s == 0), None)
@@ -228,7 +228,7 @@ def trace_arm_rows(scale: str) -> list[str]:
             shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps")
         any_fall = any("peak-and-fall" in s for s in shapes)
         rows.append(row(scale, "Bu et al. 2024", "tr(H) rises early in pre-training, then peaks and falls",
-                         "; ".join(shapes), "peak − last > 2 SE (SD over seeds / √n)",
+                         "; ".join(shapes), PEAK_TEST,
                          "reproduced" if any_fall else "inconclusive", cmd))
         means = {k: [statistics.mean(r["trace_h"] for r in rows_ if r["step"] > 0) for rows_ in ps[f"{k}_trace"]]
                  for k in ("pretrain_dp", "finetune_dp")}

@@ -194,3 +194,32 @@ def test_ke_rows_name_the_source_and_test_lp_fft_against_lp_alone(out):
     assert "**not reproduced**" in seed_findings.ke_rows("cpu_vit_ke")[3]
     _ke_json(out, "cpu_vit_ke", selected=[0.45, 0.46, 0.44, 0.45, 0.46], lp=None)  # an arm without the LP part
     assert len(seed_findings.ke_rows("cpu_vit_ke")) == 3
+
+
+def _summary(x: np.ndarray) -> dict[int, tuple[float, float, int]]:
+    """(mean, SD, seeds) per step of a seeds × steps array, steps 0, 100, ..."""
+    return {100 * i: (float(x[:, i].mean()), float(x[:, i].std(ddof=1)) if len(x) > 1 else math.nan, len(x))
+            for i in range(x.shape[1])}
+
+
+def test_peak_and_fall_is_calibrated_on_flat_curves():
+    """The peak is the highest of 14 interior points: on flat, noisy curves (5 seeds) the fall from it must be
+    called significant at most ~5 % of the time (the uncorrected two-SE rule did so ~21 % of the time)."""
+    from _seed_continual import peak_and_fall
+
+    rng = np.random.default_rng(0)
+    calls = [peak_and_fall(_summary(rng.normal(size=(5, 16))))[0] for _ in range(1000)]
+    assert calls.count("peak-and-fall") / len(calls) <= 0.05
+    assert {"rising", "interior peak, fall within the noise"} <= set(calls)
+
+
+def test_peak_and_fall_finds_a_real_peak():
+    from _seed_continual import peak_and_fall
+
+    rng = np.random.default_rng(1)
+    shape = np.concatenate([np.linspace(0, 10, 6), np.linspace(9, 2, 10)])  # peak at step 500, then down to 2
+    assert peak_and_fall(_summary(shape + rng.normal(scale=1.0, size=(5, 16)))) == ("peak-and-fall", 500)
+    assert peak_and_fall(_summary(np.linspace(0, 10, 16) + rng.normal(scale=0.1, size=(5, 16))))[0] == "rising"
+    one_seed = _summary(shape[None, :])
+    assert peak_and_fall(one_seed) == ("interior peak, too few seeds to test the fall", 500)
+    assert peak_and_fall({0: (1.0, 0.1, 5), 100: (2.0, 0.1, 5)}) == ("too few points", None)
