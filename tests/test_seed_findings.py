@@ -223,3 +223,32 @@ def test_peak_and_fall_finds_a_real_peak():
     one_seed = _summary(shape[None, :])
     assert peak_and_fall(one_seed) == ("interior peak, too few seeds to test the fall", 500)
     assert peak_and_fall({0: (1.0, 0.1, 5), 100: (2.0, 0.1, 5)}) == ("too few points", None)
+
+
+def _trace_json(out: Path, scale: str, curves: dict[str, np.ndarray]) -> None:
+    """A merged tr(H) arm at ``scale``: per run, a seeds × steps array of tr(H) at steps 0, 100, ..."""
+    ps = {}
+    for k, x in curves.items():
+        ps[f"{k}_trace"] = [[{"step": 100 * i, "trace_h": float(v), "stderr": 1.0} for i, v in enumerate(r)] for r in x]
+        ps[f"{k}_acc"] = [0.5] * len(x)
+    path = out / "seed_arms" / scale / "trace.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"arm": "trace", "scale": scale, "seeds": list(range(len(x))), "per_seed": ps}))
+
+
+def test_trace_rows_test_the_fall_and_the_fine_tuning_mean(out):
+    rng = np.random.default_rng(2)
+    flat = 600 + rng.normal(scale=40, size=(5, 16))
+    peaked = np.concatenate([np.linspace(0, 1000, 6), np.linspace(900, 300, 10)]) + rng.normal(scale=40, size=(5, 16))
+    low = 300 + rng.normal(scale=40, size=(5, 16))
+    _trace_json(out, "gpu_full", {"pretrain_nondp": flat, "pretrain_dp": flat, "finetune_dp": low})
+    shape_row, mean_row = seed_findings.trace_arm_rows("gpu_full")
+    assert "**inconclusive**" in shape_row and "Bonferroni" in shape_row
+    assert "**reproduced**" in mean_row
+    means = [float(np.mean(x[:, 1:], axis=1).mean()) for x in (flat, low)]
+    assert f"pre-training {means[0]:.0f} ± " in mean_row and f"fine-tuning {means[1]:.0f} ± " in mean_row
+    assert f"(at the last step, descriptive: {flat[:, -1].mean():.0f} ± " in mean_row
+    _trace_json(out, "gpu_full", {"pretrain_nondp": peaked, "pretrain_dp": flat, "finetune_dp": flat + 400})
+    shape_row, mean_row = seed_findings.trace_arm_rows("gpu_full")
+    assert "pretrain_nondp: peak-and-fall (peak at 500)" in shape_row and "**reproduced**" in shape_row
+    assert "**not reproduced**" in mean_row
