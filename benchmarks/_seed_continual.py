@@ -141,18 +141,20 @@ def _curve(runs: list, key: str) -> dict[int, tuple[float, float, int]]:
 PEAK_ALPHA = 0.05
 #: its test in words, for the tables' "test" column
 PEAK_TEST = ("highest interior point > last: one-sided Welch t on the seeds, Bonferroni × the interior points "
-             "(any of them could have been the peak), p < 0.05")
+             "(any of them could have been the peak) × the curves tested, p < 0.05")
 
 
-def peak_and_fall(curve: dict[int, tuple[float, float, int]]) -> tuple[str, int | None]:
+def peak_and_fall(curve: dict[int, tuple[float, float, int]], *, family: int = 1) -> tuple[str, int | None]:
     """Whether a mean tr(H) curve over seeds (step → (mean, SD, seeds)) rises to an interior peak and then falls.
 
     The peak is the highest interior point (neither the first nor the last step), so it is *chosen* among the m
     interior points: the fall from it to the last point must pass a one-sided Welch test (from the means and SDs)
-    at :data:`PEAK_ALPHA` / m. Without that correction the highest of ~15 points on a flat, noisy curve beats the
-    last by two standard errors about one time in five. Returns ("peak-and-fall", peak step), ("interior peak,
-    fall within the noise", peak step), ("interior peak, too few seeds to test the fall", peak step) below 2
-    seeds, ("rising", None) when the last (or first) point is the highest, or ("too few points", None)."""
+    at :data:`PEAK_ALPHA` / (m · ``family``), ``family`` being the number of curves of which any one passing makes
+    the claim (a row that reads "reproduced" when any of its curves falls). Without that correction the highest
+    of ~15 points on a flat, noisy curve beats the last by two standard errors about one time in five. Returns
+    ("peak-and-fall", peak step), ("interior peak, fall within the noise", peak step), ("interior peak, too few
+    seeds to test the fall", peak step) below 2 seeds, ("rising", None) when the last (or first) point is the
+    highest, or ("too few points", None)."""
     from audit.stats import welch_from_summary
 
     pts = {s: v for s, v in curve.items() if math.isfinite(v[0])}
@@ -168,7 +170,8 @@ def peak_and_fall(curve: dict[int, tuple[float, float, int]]) -> tuple[str, int 
     r = welch_from_summary(mp, sp, n_p, ml, sl, n_l)
     p_one = r.p / 2 if r.diff > 0 else 1 - r.p / 2
     m = len(pts) - 2
-    return ("peak-and-fall", peak) if p_one * m < PEAK_ALPHA else ("interior peak, fall within the noise", peak)
+    fell = p_one * m * family < PEAK_ALPHA
+    return ("peak-and-fall", peak) if fell else ("interior peak, fall within the noise", peak)
 
 
 def table_decelerator(scale: str = "cpu") -> str | None:

@@ -218,7 +218,10 @@ def test_peak_and_fall_finds_a_real_peak():
 
     rng = np.random.default_rng(1)
     shape = np.concatenate([np.linspace(0, 10, 6), np.linspace(9, 2, 10)])  # peak at step 500, then down to 2
-    assert peak_and_fall(_summary(shape + rng.normal(scale=1.0, size=(5, 16)))) == ("peak-and-fall", 500)
+    noisy = _summary(shape + rng.normal(scale=1.0, size=(5, 16)))
+    assert peak_and_fall(noisy) == ("peak-and-fall", 500)
+    # a row that reads "reproduced" when any of its curves falls pays for each curve it tests
+    assert peak_and_fall(noisy, family=10**9) == ("interior peak, fall within the noise", 500)
     assert peak_and_fall(_summary(np.linspace(0, 10, 16) + rng.normal(scale=0.1, size=(5, 16))))[0] == "rising"
     one_seed = _summary(shape[None, :])
     assert peak_and_fall(one_seed) == ("interior peak, too few seeds to test the fall", 500)
