@@ -164,7 +164,18 @@ def _join_seed(parts: list[dict]) -> dict:
 
 def mixed_settings(parts: list[dict], split_field: str) -> dict[str, dict[str, Any]]:
     """The scale settings that differ between the parts of one run (other than the seeds and the split field
-    itself), each as {part label ``s<seed>[.<part>]``: value}; empty when the parts agree."""
+    itself), each as {part label ``s<seed>[.<part>]``: value}; empty when the parts agree. A part written before
+    a field existed ran with that field's default, and is read so."""
+    import dataclasses
+
+    from audit.seed_arms.common import ArmScale
+
+    defaults = {f.name: json.loads(json.dumps(f.default, default=str)) for f in dataclasses.fields(ArmScale)
+                if f.default is not dataclasses.MISSING}
+
+    def value(p: dict, k: str) -> Any:
+        return p["scale_settings"].get(k, defaults.get(k))
+
     def label(p: dict) -> str:
         values = p["scale_settings"].get(split_field)
         return f"s{p['seeds'][0]}" + (f".{'+'.join(str(v) for v in values)}" if values and len(values) == 1 else "")
@@ -172,8 +183,8 @@ def mixed_settings(parts: list[dict], split_field: str) -> dict[str, dict[str, A
     keys = {k for p in parts for k in p["scale_settings"]} - {"seeds", split_field}
     out = {}
     for k in sorted(keys):
-        if len({json.dumps(p["scale_settings"].get(k), sort_keys=True, default=str) for p in parts}) > 1:
-            out[k] = {label(p): p["scale_settings"].get(k) for p in parts}
+        if len({json.dumps(value(p, k), sort_keys=True, default=str) for p in parts}) > 1:
+            out[k] = {label(p): value(p, k) for p in parts}
     return out
 
 

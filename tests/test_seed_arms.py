@@ -410,3 +410,11 @@ def test_merge_names_the_parts_that_ran_with_other_settings(tmp_path, monkeypatc
     merged = seed_arms.merge("trace", "tiny_mix")
     assert merged["mixed_settings"] == {"grad_sample_mode": {"s0.pretrain_dp": "hooks", "s0.pretrain_nondp": "hooks",
                                                              "s1.pretrain_dp": "bk", "s1.pretrain_nondp": "hooks"}}
+    # a part written before a field existed ran with the field's default: no difference to report
+    old = json.loads((folder / "trace.s0.pretrain_nondp.json").read_text())
+    del old["scale_settings"]["ke_source"]
+    (folder / "trace.s0.pretrain_nondp.json").write_text(json.dumps(old))
+    assert set(seed_arms.merge("trace", "tiny_mix")["mixed_settings"]) == {"grad_sample_mode"}
+    old["scale_settings"]["ke_source"] = "vit"
+    (folder / "trace.s0.pretrain_nondp.json").write_text(json.dumps(old))
+    assert set(seed_arms.merge("trace", "tiny_mix")["mixed_settings"]) == {"grad_sample_mode", "ke_source"}
