@@ -136,7 +136,18 @@ IN_WORDS = [
     "* **Reproduced at `cpu_hour`:** public pre-training is necessary (Ganesh et al.: 300 public steps give 33.4 % "
     "vs 19.8 % with none) and DP runs from one public initialisation stay in one basin (no loss barrier between "
     "them, 0.28 between runs from random inits).",
-    "* **Against the paper:** tr(H) on held-out images is *larger* in DP fine-tuning from a public model than in "
+    "* **tr(H) at full size (`gpu_full`, ResNet-20, 5 seeds; 256 held-out test images, 32 probes, every 100 of "
+    "1,500 steps; σ = 0.668 at ε = 8).** Non-DP pre-training (68.0-71.2 % at the end) reaches its level by step 100 "
+    "(532, from about −6,400 at initialisation) and stays near 600 (highest 636 at step 800, 591 at step 1,500): "
+    "no fall that survives the peak-picking correction. DP pre-training (43.0-44.5 %) keeps rising, from 393 at "
+    "step 100 to 1,045 ± 319 at step 1,500, so neither pre-training curve peaks and falls here: inconclusive. DP "
+    "fine-tuning from each seed's 3,000-step non-DP public model (66.7-68.2 % at the end) starts at that model's "
+    "1,140 and falls to 777 ± 108. Over the run its mean is not smaller than DP pre-training's (1,010 ± 98 vs 885 "
+    "± 170, Welch p = 0.20: inconclusive); at the last step it is (777 vs 1,045, descriptive only): fine-tuning "
+    "starts sharp and flattens, pre-training starts flat and sharpens, and the pre-set mean over the run averages "
+    "the two trends away. DP steps by bk, except seed 0's pre-training (Opacus hooks; the same clipped sums).",
+    "* **Against the paper at `cpu_hour`:** tr(H) on held-out images is *larger* in DP fine-tuning from a public "
+    "model than in "
     "DP pre-training from scratch (1,381 vs 580 over the run, p < 0.001). Bu et al.'s argument compares trained "
     "states; our fine-tuning starts from a model 400 non-DP steps into training, which sits in a sharper region "
     "than a random initialisation, and the small CNN is far from their models.",
@@ -195,11 +206,10 @@ LEFT_OUT = [
     "baseline above 60 % is met by the `gpu_full` continual config (64.3 %), the continual arm (64.1 %) and the "
     "decelerator-rule runs, and Ke et al.'s arm now starts from a source past it (`cpu_vit_ke`, the 63.9 % ViT); "
     "the Ke et al. budget-split table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the configs) is still the "
-    "small CNN's. The tr(H) and Ganesh et al. arms have not run at that size: their rows are from `cpu_hour`, where "
-    "non-DP is 33-37 %. The tr(H) arm is running at `gpu_full` part by part on this CPU between leases (its "
-    "finished parts in `seed_arms/gpu_full/parts/`: all five non-DP pre-trainings, 68.0-71.2 % after 1,500 steps, "
-    "and all five DP ones, 43.0-44.5 %; the five DP fine-tunings are left, ~50 minutes of one core each now "
-    "that bk's DP step on ResNet-20 costs 1.5x a non-DP one). Ganesh et al.'s arm at `gpu_full` has begun the same "
-    "way (3 of 25 parts), ~9 hours of one core in all. `results/reference/seed_gpu/LEASES.md` plans the leases left: about 500-700 s of the whole GPU per "
+    "small CNN's. The tr(H) arm has now run at that size (`gpu_full`, ResNet-20, non-DP 68.0-71.2 %, all 15 "
+    "parts on this CPU). Ganesh et al.'s arm has not: its rows are from `cpu_hour`, where non-DP is 33-37 %; at "
+    "`gpu_full` it has begun part by part on this CPU (3 of 25 parts, `seed_arms/gpu_full/parts/`), ~9 hours of "
+    "one core in all. `results/reference/seed_gpu/LEASES.md` plans the leases left: about 500-700 s of the whole "
+    "GPU per "
     "arm, one arm a lease, and the ViT-Tiny again with one shared 8,000-step pre-training (`gpu_full_vit_long`).",
 ]
