@@ -153,8 +153,8 @@ def peak_and_fall(curve: dict[int, tuple[float, float, int]], *, family: int = 1
     the claim (a row that reads "reproduced" when any of its curves falls). Without that correction the highest
     of ~15 points on a flat, noisy curve beats the last by two standard errors about one time in five. Returns
     ("peak-and-fall", peak step), ("interior peak, fall within the noise", peak step), ("interior peak, too few
-    seeds to test the fall", peak step) below 2 seeds, ("rising", None) when the last (or first) point is the
-    highest, or ("too few points", None)."""
+    seeds to test the fall", peak step) below 2 seeds, ("rising", None) when the last point is the highest,
+    ("highest at the start", None) when the first is, or ("too few points", None)."""
     from audit.stats import welch_from_summary
 
     pts = {s: v for s, v in curve.items() if math.isfinite(v[0])}
@@ -162,8 +162,10 @@ def peak_and_fall(curve: dict[int, tuple[float, float, int]], *, family: int = 1
         return "too few points", None
     peak = max(pts, key=lambda s: pts[s][0])
     last = max(pts)
-    if peak in (last, min(pts)):
+    if peak == last:
         return "rising", None
+    if peak == min(pts):
+        return "highest at the start", None
     (mp, sp, n_p), (ml, sl, n_l) = pts[peak], pts[last]
     if n_p < 2 or n_l < 2 or not (math.isfinite(sp) and math.isfinite(sl)):
         return "interior peak, too few seeds to test the fall", peak

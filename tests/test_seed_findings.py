@@ -226,6 +226,9 @@ def test_peak_and_fall_finds_a_real_peak():
     one_seed = _summary(shape[None, :])
     assert peak_and_fall(one_seed) == ("interior peak, too few seeds to test the fall", 500)
     assert peak_and_fall({0: (1.0, 0.1, 5), 100: (2.0, 0.1, 5)}) == ("too few points", None)
+    assert peak_and_fall(_summary(-shape[None, ::-1] + rng.normal(scale=0.1, size=(3, 16))))[0] == "rising"
+    assert peak_and_fall(_summary(np.linspace(10, 0, 16) + rng.normal(scale=0.1, size=(3, 16))))[0] == (
+        "highest at the start")
 
 
 def _trace_json(out: Path, scale: str, curves: dict[str, np.ndarray]) -> None:
