@@ -176,6 +176,13 @@ def peak_and_fall(curve: dict[int, tuple[float, float, int]], *, family: int = 1
     return ("peak-and-fall", peak) if fell else ("interior peak, fall within the noise", peak)
 
 
+def shapes_of(curves: dict[str, dict[int, tuple[float, float, int]]]) -> tuple[dict[str, tuple[str, int | None]], bool]:
+    """:func:`peak_and_fall` of each named curve, tested as one family (a row reads "reproduced" when any of them
+    falls), and whether any did."""
+    shapes = {k: peak_and_fall(c, family=len(curves)) for k, c in curves.items()}
+    return shapes, any(shape == "peak-and-fall" for shape, _ in shapes.values())
+
+
 def table_decelerator(scale: str = "cpu") -> str | None:
     g = groups("continual", scale)
     if not g:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from audit.stats import chance_test, fmt_mean_sd, fmt_p, holm, mean_sd, verdict, welch, welch_from_summary  # noqa: E402
-from _seed_continual import PEAK_TEST, peak_and_fall, sweep_points  # noqa: E402
+from _seed_continual import PEAK_TEST, shapes_of, sweep_points  # noqa: E402
 from _seed_runs import OUT, ROOT, groups, hist  # noqa: E402
 from _seed_text import IN_WORDS, LEFT_OUT, SCALE_NOTE  # noqa: E402
 from _seed_law import R2_BAR, vit_rows  # noqa: E402,F401 - R2_BAR: the law's bar, read by the tests
@@ -59,16 +59,15 @@ def continual_rows(scale: str) -> list[str]:
     curves = {k: [hist(x, "trace_h") for _, _, x in g[k]] for k in ("nondp", "scratch", "continual") if k in g}
     curves = {k: c for k, c in curves.items() if all(c)}
     if curves:
-        shapes = []
-        for k, cs in curves.items():
-            steps = sorted(set.intersection(*(set(c) for c in cs)))
-            shape, peak = peak_and_fall({s: mean_sd([c[s] for c in cs]) for s in steps}, family=len(curves))
-            shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps, "
-                          f"{len(cs)} seed(s), last {statistics.mean(c[max(steps)] for c in cs):.0f}")
+        steps = {k: sorted(set.intersection(*(set(c) for c in cs))) for k, cs in curves.items()}
+        shapes, any_fall = shapes_of({k: {s: mean_sd([c[s] for c in cs]) for s in steps[k]}
+                                      for k, cs in curves.items()})
+        text = [f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps[k])} steps, "
+                f"{len(curves[k])} seed(s), last {statistics.mean(c[max(steps[k])] for c in curves[k]):.0f}"
+                for k, (shape, peak) in shapes.items()]
         rows.append(row(scale, "Bu et al. 2024", "tr(H) rises early in training, then peaks and falls (the configs' "
-                         "runs; 256 held-out test images, 32 probes)", "; ".join(shapes),
-                         PEAK_TEST,
-                         "reproduced" if any("peak-and-fall" in x for x in shapes) else "inconclusive", cmd))
+                         "runs; 256 held-out test images, 32 probes)", "; ".join(text), PEAK_TEST,
+                         "reproduced" if any_fall else "inconclusive", cmd))
     if sweep:
         zero = next((k for s, k in sweep if s == 0), None)
         others = [(s, k) for s, k in sweep if s > 0]
@@ -219,17 +218,16 @@ def trace_arm_rows(scale: str) -> list[str]:
     tr = arm_result(scale, "trace")
     if tr:
         ps, cmd = tr["per_seed"], arms_cmd("trace", scale)
-        shapes = []
+        curves = {}
         for k in ("pretrain_nondp", "pretrain_dp"):
             steps = sorted({r["step"] for rows_ in ps[f"{k}_trace"] for r in rows_})
-            curve = {s: mean_sd([next((r["trace_h"] for r in rows_ if r["step"] == s), None)
-                                 for rows_ in ps[f"{k}_trace"]]) for s in steps}
-            shape, peak = peak_and_fall(curve, family=2)  # either pre-training curve makes the claim
-            shapes.append(f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(steps)} steps")
-        any_fall = any("peak-and-fall" in s for s in shapes)
+            curves[k] = {s: mean_sd([next((r["trace_h"] for r in rows_ if r["step"] == s), None)
+                                     for rows_ in ps[f"{k}_trace"]]) for s in steps}
+        shapes, any_fall = shapes_of(curves)  # either pre-training curve makes the claim
+        text = [f"{k}: {shape}" + (f" (peak at {peak})" if peak else "") + f" over {max(curves[k])} steps"
+                for k, (shape, peak) in shapes.items()]
         rows.append(row(scale, "Bu et al. 2024", "tr(H) rises early in pre-training, then peaks and falls",
-                         "; ".join(shapes), PEAK_TEST,
-                         "reproduced" if any_fall else "inconclusive", cmd))
+                         "; ".join(text), PEAK_TEST, "reproduced" if any_fall else "inconclusive", cmd))
         means = {k: [statistics.mean(r["trace_h"] for r in rows_ if r["step"] > 0) for rows_ in ps[f"{k}_trace"]]
                  for k in ("pretrain_dp", "finetune_dp")}
         ends = {k: [max(rows_, key=lambda r: r["step"])["trace_h"] for rows_ in ps[f"{k}_trace"]]
