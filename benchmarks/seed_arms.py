@@ -6,6 +6,7 @@ Usage (from the repository root; needs ``../shared/data``)::
     python benchmarks/seed_arms.py run continual trace ke ganesh vit --scale full  # issue 16's scale (a GPU)
     python benchmarks/seed_findings.py --scale cpu                                # results/reference/seed_findings.md
     python benchmarks/seed_arms.py pretrained --scale cpu_vit_long  # the ViT arm's pre-trained model, whole test split
+    python benchmarks/seed_arms.py adopt FILE --scale gpu_full_vit_long --sha256 HEX  # a lease's pre-training, here
 
 Each arm writes ``results/seed_arms/<scale>/<arm>.json`` (its per-seed numbers, the scale, wall time, machine);
 :mod:`seed_findings` turns them and the experiment tables into one claim-by-claim table. ``--workers`` runs arms
@@ -162,6 +163,27 @@ def _join_seed(parts: list[dict]) -> dict:
     return out
 
 
+def part_label(part: dict, split_field: str) -> str:
+    """``s<seed>[.<part>]``: which part of a merged run ``part`` was."""
+    values = part["scale_settings"].get(split_field)
+    return f"s{part['seeds'][0]}" + (f".{'+'.join(str(v) for v in values)}" if values and len(values) == 1 else "")
+
+
+def part_machine(part: dict) -> str:
+    """Where a part ran (its device and machine) and, when its pre-trained model came from another machine
+    (``seed_arms.py adopt``), where that was trained."""
+    where = f"{part.get('device', '?')} ({part.get('machine', '?')})"
+    moved = [f"{o['device']}, torch {o['torch']}" for o in (part.get("pretrained_on") or {}).values()
+             if o and o.get("adopted")]
+    return where + (f"; pre-trained model adopted from {', '.join(sorted(set(moved)))}" if moved else "")
+
+
+def mixed_machines(parts: list[dict], split_field: str) -> dict[str, str]:
+    """{part label: :func:`part_machine`} when the parts of one run did not all run alike; else empty."""
+    where = {part_label(p, split_field): part_machine(p) for p in parts}
+    return where if len(set(where.values())) > 1 else {}
+
+
 def mixed_settings(parts: list[dict], split_field: str) -> dict[str, dict[str, Any]]:
     """The scale settings that differ between the parts of one run (other than the seeds and the split field
     itself), each as {part label ``s<seed>[.<part>]``: value}; empty when the parts agree. A part written before
@@ -177,8 +199,7 @@ def mixed_settings(parts: list[dict], split_field: str) -> dict[str, dict[str, A
         return p["scale_settings"].get(k, defaults.get(k))
 
     def label(p: dict) -> str:
-        values = p["scale_settings"].get(split_field)
-        return f"s{p['seeds'][0]}" + (f".{'+'.join(str(v) for v in values)}" if values and len(values) == 1 else "")
+        return part_label(p, split_field)
 
     keys = {k for p in parts for k in p["scale_settings"]} - {"seeds", split_field}
     out = {}
@@ -219,6 +240,14 @@ def merge(name: str, scale_name: str) -> dict | None:
     mixed = mixed_settings([p for s in sorted(by_seed) for p in by_seed[s]], split.field)
     if mixed:  # e.g. a scale's grad_sample_mode changed between parts: say which part ran how
         out["mixed_settings"] = mixed
+    machines = mixed_machines([p for s in sorted(by_seed) for p in by_seed[s]], split.field)
+    if machines:  # e.g. a lease ran some parts and this CPU the rest: the merged device/machine are not all's
+        out["mixed_machines"] = machines
+        out["device"] = out["machine"] = "mixed: see mixed_machines"
+    origins = {k: {"device": o["device"], "torch": o["torch"]} for ps in by_seed.values() for p in ps
+               for k, o in (p.get("pretrained_on") or {}).items() if o}
+    if origins:  # where each pre-trained model was trained, adopted or not
+        out["pretrained_on"] = origins
     values = [split.load(v) for ps in by_seed.values() for p in ps for v in p["scale_settings"].get(split.field) or []]
     if values:  # (whole-seed parts of an unsplit run leave a None field as it was)
         kept = {v for v in values if split.marker(v) in out["per_seed"]}
@@ -242,6 +271,35 @@ def pretrained_accuracy(scale_name: str, *, test_images: int = 10**9) -> tuple[f
     data = vit_data(scale.with_(test=test_images))
     model = pretrained_vit(scale, data, seed=0, cache=OUT / scale_name / "pretrained")
     return test_acc(model, data.test), len(data.test)
+
+
+def adopt_pretrained(src: Path, scale_name: str, *, seed: int = 0, sha256: str | None = None) -> Path:
+    """File ``src``, the ViT arm's pre-trained model from a GPU lease (``results/seed_arms/<scale>/pretrained/
+    vit-pretrained-*.safetensors`` there), as this machine's cached pre-training of ``seed`` at ``scale_name``, so
+    the arm's part jobs that the lease left undone fine-tune the lease's weights here (each part then records
+    where its pre-training ran, ``pretrained_on``). ``sha256``: the lease's checksum of the file.
+
+    Raises:
+        ValueError: a checksum that differs, or a file trained with other settings (see
+            :func:`audit.seed_arms.common.adopt_cached`).
+    """
+    import hashlib
+
+    from audit.seed_arms.common import adopt_cached
+    from audit.seed_arms.vit import PRETRAIN_PREFIX, pretrain_key, vit_data
+    from training.device import resolve_device
+
+    src = Path(src).resolve()
+    os.chdir(ROOT)
+    if not src.is_file():
+        raise ValueError(f"{src} does not exist: give the pre-trained model's .safetensors file")
+    if sha256 is not None:
+        got = hashlib.sha256(src.read_bytes()).hexdigest()
+        if got != sha256.lower():
+            raise ValueError(f"{src} has sha256 {got}, not the lease's {sha256}: re-assemble the file from its parts")
+    scale = SCALES[scale_name]
+    key = pretrain_key(scale, vit_data(scale), seed=seed, device=resolve_device("auto"))
+    return adopt_cached(src, OUT / scale_name / "pretrained", key, prefix=PRETRAIN_PREFIX)
 
 
 def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> tuple[str, float]:
@@ -288,7 +346,21 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("pretrained", help="the ViT arm's pre-trained model (seed 0; the one every seed shares with "
                        "vit_shared_pretrain) on the whole test split: loaded from the run's cache, trained if absent")
     v.add_argument("--scale", choices=sorted(SCALES), default="cpu_vit_long")
+    d = sub.add_parser("adopt", help="file the ViT arm's pre-trained model from a GPU lease as this machine's "
+                       "cached one, so the arm's remaining parts fine-tune it here")
+    d.add_argument("file", type=Path)
+    d.add_argument("--scale", choices=sorted(SCALES), default="gpu_full_vit_long")
+    d.add_argument("--seed", type=int, default=0, help="the pre-training's seed (0 where every seed shares one)")
+    d.add_argument("--sha256", default=None, help="the lease's checksum of the file (refused when it differs)")
     args = parser.parse_args(argv)
+    if args.cmd == "adopt":
+        try:
+            path = adopt_pretrained(args.file, args.scale, seed=args.seed, sha256=args.sha256)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"adopted {args.file} as {path}", flush=True)
+        return 0
     if args.cmd == "pretrained":
         acc, n = pretrained_accuracy(args.scale)
         print(f"{args.scale}: the pre-trained ViT (seed 0) {100 * acc:.1f} % on {n} test images", flush=True)

@@ -349,3 +349,80 @@ def test_ke_arm_on_the_vit_source_fine_tunes_the_vit_arms_pretrained_model(data,
     assert len(set(first.values())) == 1  # every head init starts from the same ViT backbone
     with pytest.raises(ValueError, match="ke_source"):
         TINY.with_(ke_source="resnet")
+
+
+def test_a_pretraining_from_another_machine_is_adopted_not_retrained_and_says_where_it_ran(data, tmp_path,
+                                                                                          monkeypatch):
+    """adopt_cached: a lease's cached pre-training (another device and torch in its key) becomes this machine's
+    cache entry; the arm then fine-tunes those very weights without training the public phase again and records
+    where they were trained. A file of other settings, or without a key, is refused; a plain run records itself."""
+    import audit.seed_arms.vit as vit
+    from audit.seed_arms.common import adopt_cached, cache_path, cached_fit
+
+    one = TINY.with_(vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
+    lease = {**vit.pretrain_key(one, data, seed=0), "device": "cuda", "torch": "2.11.0+cu130"}
+    lease_model = cached_fit(tmp_path / "lease", lease, lambda: _vit(data), lambda m: m.apply(_bump))
+    src = cache_path(tmp_path / "lease", lease, prefix="model")
+    here = tmp_path / "here"
+    adopt_cached(src, here, vit.pretrain_key(one, data, seed=0), prefix=vit.PRETRAIN_PREFIX)
+    calls = []
+    real = vit.train
+
+    def counting(model, specs, **kw):
+        calls.extend(s.name for s in specs)
+        return real(model, specs, **kw)
+
+    monkeypatch.setattr(vit, "train", counting)
+    got = vit_arm(one, data=data, pretrained_cache=here)
+    assert "public" not in calls  # the adopted weights were fine-tuned, not trained again
+    assert got["pretrained_on"] == {"0": {"device": "cuda", "torch": "2.11.0+cu130", "adopted": True}}
+    assert got["per_seed"]["pretrain_D"][0] == block_profile(lease_model, probe_set(data.test,
+                                                                                    TINY.vit_probe_images))["D"]
+    plain = vit_arm(one, data=data, pretrained_cache=tmp_path / "plain")
+    assert plain["pretrained_on"] == {"0": {"device": "cpu", "torch": torch.__version__, "adopted": False}}
+    assert plain["per_seed"]["pretrain_D"] != got["per_seed"]["pretrain_D"]
+    other = vit.pretrain_key(one.with_(source_steps=TINY.source_steps + 1), data, seed=0)
+    with pytest.raises(ValueError, match="source_steps"):
+        adopt_cached(src, tmp_path / "x", other)
+    with pytest.raises(ValueError, match="seed"):
+        adopt_cached(src, tmp_path / "x", {**lease, "seed": 1})
+    from training.io import save_safetensors
+
+    bare = save_safetensors(tmp_path / "bare.safetensors", lease_model.state_dict())
+    with pytest.raises(ValueError, match="no cache key"):
+        adopt_cached(bare, tmp_path / "x", lease)
+
+
+def _bump(module):
+    """A visible change to a model's weights (what a lease's training would have made of them)."""
+    for p in module.parameters(recurse=False):
+        p.data.add_(0.05)
+
+
+def test_adopt_command_checks_the_leases_checksum_and_exits_2_on_bad_input(data, tmp_path, monkeypatch, capsys):
+    """benchmarks/seed_arms.py adopt: a file whose sha256 is not the lease's, or a missing file, is a one-line
+    error and exit 2, nothing adopted; the right file is adopted under this machine's key."""
+    import hashlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import audit.seed_arms.vit as vit
+    import seed_arms
+    from audit.seed_arms.common import cache_path, cached_fit
+
+    shared = TINY.with_(name="tiny_adopt", vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path / "out")
+    monkeypatch.setitem(seed_arms.SCALES, "tiny_adopt", shared)
+    monkeypatch.setattr(vit, "vit_data", lambda scale, device="cpu": data)
+    lease = {**vit.pretrain_key(shared, data, seed=0), "device": "cuda", "torch": "2.11.0+cu130"}
+    cached_fit(tmp_path / "lease", lease, lambda: _vit(data), lambda m: m)
+    src = cache_path(tmp_path / "lease", lease)
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    assert seed_arms.main(["adopt", str(src), "--scale", "tiny_adopt", "--sha256", "0" * 64]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "sha256" in err
+    assert seed_arms.main(["adopt", str(tmp_path / "missing.safetensors"), "--scale", "tiny_adopt"]) == 2
+    assert not (tmp_path / "out").exists()
+    assert seed_arms.main(["adopt", str(src), "--scale", "tiny_adopt", "--sha256", digest]) == 0
+    assert len(list((tmp_path / "out/tiny_adopt/pretrained").glob("vit-pretrained-*.safetensors"))) == 1

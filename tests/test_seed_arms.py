@@ -418,3 +418,42 @@ def test_merge_names_the_parts_that_ran_with_other_settings(tmp_path, monkeypatc
     old["scale_settings"]["ke_source"] = "vit"
     (folder / "trace.s0.pretrain_nondp.json").write_text(json.dumps(old))
     assert set(seed_arms.merge("trace", "tiny_mix")["mixed_settings"]) == {"grad_sample_mode", "ke_source"}
+
+
+def test_merge_names_where_each_part_ran_when_the_parts_ran_on_different_machines(tmp_path, monkeypatch):
+    """A run whose parts ran partly on a GPU lease and partly on this CPU (with the lease's pre-trained model
+    adopted) merges with ``mixed_machines`` (who ran where, and the adopted model's origin) instead of claiming
+    the first part's device for all; parts that ran alike leave none."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import seed_arms
+
+    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
+    monkeypatch.setitem(seed_arms.SCALES, "tiny_where", TINY.with_(name="tiny_where"))
+    folder = tmp_path / "tiny_where" / "parts"
+    folder.mkdir(parents=True)
+    gpu = {"device": "cuda", "machine": "x86_64, 16 CPU cores, torch 2.11.0+cu130"}
+
+    def part(seed, eps, where, origin=None):
+        settings = {**json.loads(json.dumps(vars(TINY), default=str)), "seeds": [seed], "vit_epsilons": [eps]}
+        body = {"arm": "vit", "seeds": [seed], "wall_seconds": 1.0, "scale_settings": settings, **where,
+                "epsilons": [f"eps{eps:g}"], "sigmas": {f"eps{eps:g}": 1.0},
+                "per_seed": {f"eps{eps:g}_tuned_acc": [0.5], f"eps{eps:g}_untuned_acc": [0.5]}}
+        if origin is not None:
+            body["pretrained_on"] = {"0": origin}
+        (folder / f"vit.s{seed}.eps{eps:g}.json").write_text(json.dumps(body))
+
+    for seed in (0, 1):
+        part(seed, 8, gpu)
+    merged = seed_arms.merge("vit", "tiny_where")
+    assert "mixed_machines" not in merged and merged["device"] == "cuda"
+    part(1, 8, {"device": "cpu", "machine": "x86_64, 2 CPU cores, torch 2.14.1"},
+         {"device": "cuda", "torch": "2.11.0+cu130", "adopted": True})
+    merged = seed_arms.merge("vit", "tiny_where")
+    assert merged["mixed_machines"] == {
+        "s0.8": "cuda (x86_64, 16 CPU cores, torch 2.11.0+cu130)",
+        "s1.8": "cpu (x86_64, 2 CPU cores, torch 2.14.1); pre-trained model adopted from cuda, torch 2.11.0+cu130"}
+    assert merged["device"].startswith("mixed") and merged["pretrained_on"] == {
+        "0": {"device": "cuda", "torch": "2.11.0+cu130"}}

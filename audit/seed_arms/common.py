@@ -33,7 +33,8 @@ from training.phases import PhaseSpec
 
 __all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "TRACE_RUNS", "ArmScale", "ArmData", "load_arm_data", "build", "sigma_for",
            "phase", "train", "train_dynamic", "TraceLogger", "test_acc", "head_names", "per_seed", "PART_FIELDS",
-           "AFTER_FIT_FIELDS", "KE_SOURCES", "fit_key", "cached_fit", "chosen_parts"]
+           "AFTER_FIT_FIELDS", "KE_SOURCES", "fit_key", "cached_fit", "cache_path", "adopt_cached", "cached_origin",
+           "PORTABLE_KEY_FIELDS", "chosen_parts"]
 
 
 #: the arms' augmentation (``ArmScale.augment``, ``ArmScale.vit_pretrain_augment``): CIFAR's crop and flip
@@ -357,6 +358,67 @@ def fit_key(scale: ArmScale, images: ImageSet, *, seed: int, lr: float, device) 
             "device": torch.device(device).type, "torch": torch.__version__}
 
 
+#: the :func:`fit_key` fields that name where a model was trained rather than what it was trained on: a model
+#: trained elsewhere may be adopted (:func:`adopt_cached`) across them, never across any other field
+PORTABLE_KEY_FIELDS = ("device", "torch")
+
+
+def cache_path(cache: str | Path, key: dict[str, Any], *, prefix: str = "model") -> Path:
+    """The file :func:`cached_fit` keeps ``key``'s model in."""
+    text = json.dumps(key, sort_keys=True)
+    return Path(cache) / f"{prefix}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.safetensors"
+
+
+def _stored_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def adopt_cached(src: str | Path, cache: str | Path, key: dict[str, Any], *, prefix: str = "model") -> Path:
+    """Make ``src``, a :func:`cached_fit` file written on another device or torch build (a GPU lease's), the cached
+    model for ``key`` here, so that part jobs on this machine fine-tune the very weights the lease trained instead
+    of training their own. Only :data:`PORTABLE_KEY_FIELDS` may differ between the two keys; the new file keeps
+    the original key as ``adopted_from`` (see :func:`cached_origin`). Returns the new file's path.
+
+    Raises:
+        ValueError: ``src`` holds no cache key, or was trained with other settings, images, seed or rate (the
+            fields that differ are named).
+    """
+    from training.io import load_safetensors, save_safetensors, waiting_lock
+
+    src = Path(src)
+    stored = _stored_metadata(src).get("key")
+    if stored is None:
+        raise ValueError(f"{src} carries no cache key: it was not written by cached_fit, so what it was trained "
+                         "on is unknown")
+    theirs = json.loads(stored)
+    differ = sorted(k for k in set(theirs) | set(key)
+                    if k not in PORTABLE_KEY_FIELDS and theirs.get(k) != key.get(k))
+    if differ:
+        detail = [k + (": " + ", ".join(sorted(f for f in set(theirs[k]) | set(key[k])
+                                               if theirs[k].get(f) != key[k].get(f)))
+                       if k == "scale" and k in theirs and k in key else "") for k in differ]
+        raise ValueError(f"{src} is another model: its {'; '.join(detail)} differ from this run's")
+    path = cache_path(cache, key, prefix=prefix)
+    with waiting_lock(path.with_suffix(".lock")):
+        save_safetensors(path, load_safetensors(src), metadata={"key": json.dumps(key, sort_keys=True),
+                                                                "adopted_from": stored})
+    return path
+
+
+def cached_origin(cache: str | Path | None, key: dict[str, Any], *, prefix: str = "model") -> dict[str, str] | None:
+    """Where ``key``'s cached model was trained (``device``, ``torch``; ``adopted`` True when it came from another
+    machine through :func:`adopt_cached`); None without a cache or a file."""
+    if cache is None or not (path := cache_path(cache, key, prefix=prefix)).is_file():
+        return None
+    meta = _stored_metadata(path)
+    adopted = "adopted_from" in meta
+    trained = json.loads(meta["adopted_from"] if adopted else meta.get("key", "{}"))
+    return {"device": trained.get("device"), "torch": trained.get("torch"), "adopted": adopted}
+
+
 def cached_fit(cache: str | Path | None, key: dict[str, Any], make: Callable[[], nn.Module],
                fit: Callable[[nn.Module], nn.Module], *, device="cpu", prefix: str = "model") -> nn.Module:
     """``fit(make())``, kept in ``cache`` under ``key`` and loaded from there when present: the part jobs of one
@@ -369,7 +431,7 @@ def cached_fit(cache: str | Path | None, key: dict[str, Any], make: Callable[[],
     from training.io import load_safetensors, save_safetensors, waiting_lock
 
     text = json.dumps(key, sort_keys=True)
-    path = Path(cache) / f"{prefix}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.safetensors"
+    path = cache_path(cache, key, prefix=prefix)
     with waiting_lock(path.with_suffix(".lock")):
         if path.is_file():
             from safetensors import safe_open

@@ -55,15 +55,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_fit, fit_key, load_arm_data, per_seed,
-                                    phase, sigma_for, test_acc, train)
+from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_fit, cached_origin, fit_key,
+                                    load_arm_data, per_seed, phase, sigma_for, test_acc, train)
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
-           "vit_data", "vit_lr", "pretrained_vit", "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
+           "vit_data", "vit_lr", "pretrained_vit", "pretrain_key", "vit_arm", "TUNING_PRIVACY_COST", "POOLING"]
 
 TUNING_PRIVACY_COST = ("none: the search trains and scores on public images only (the public tuning-train and "
                        "tuning-validation parts, disjoint from the private images)")
+#: :func:`pretrained_vit`'s file prefix in a cache folder
+PRETRAIN_PREFIX = "vit-pretrained"
 POOLING = "class token (token 0) of each block's output"
 _SPLIT_KEY = 0x56495450   # "VITP": the public split's fixed permutation
 _PROBE_KEY = 0x50524F42   # "PROB": the probe images' fixed draw
@@ -213,11 +215,18 @@ def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", c
     pre = phase("public", pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0, lr=base,
                 augment=CROP_FLIP if scale.vit_pretrain_augment else None, schedule=scale.vit_pretrain_schedule,
                 warmup_steps=scale.vit_pretrain_warmup)
-    return cached_fit(cache, fit_key(scale, pretrain, seed=seed, lr=base, device=device),
+    return cached_fit(cache, pretrain_key(scale, data, seed=seed, device=device),
                       lambda: build(scale, data, seed=seed, device=device, arch=scale.vit_arch,
                                     kwargs=scale.vit_kwargs),
                       lambda model: train(model, [pre], seed=seed, device=device), device=device,
-                      prefix="vit-pretrained")
+                      prefix=PRETRAIN_PREFIX)
+
+
+def pretrain_key(scale: ArmScale, data: ArmData, *, seed: int, device="cpu") -> dict[str, Any]:
+    """The cache key of :func:`pretrained_vit`'s model (:func:`~audit.seed_arms.common.fit_key`): what
+    ``benchmarks/seed_arms.py adopt`` files a pre-training from a GPU lease under."""
+    pretrain = public_parts(data.public, scale.vit_tune_fraction).pretrain
+    return fit_key(scale, pretrain, seed=seed, lr=vit_lr(scale), device=device)
 
 
 def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,
@@ -249,12 +258,20 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
         out.update({f"{key}_lr": float(lr), f"{key}_sigma": sigma})
 
     shared: dict[int, torch.nn.Module] = {}  # a shared pre-training, trained once in this process
+    origins: dict[str, Any] = {}  # where each pre-training ran (a cached one may come from another machine)
+
+    def load_pretrained(seed: int) -> torch.nn.Module:
+        model = pretrained_vit(scale, data, seed=seed, device=device, cache=pretrained_cache)
+        origins[str(seed)] = cached_origin(pretrained_cache, pretrain_key(scale, data, seed=seed, device=device),
+                                           prefix=PRETRAIN_PREFIX) or {"device": torch.device(device).type,
+                                                                       "torch": torch.__version__, "adopted": False}
+        return model
 
     def pretrain_for(seed: int) -> torch.nn.Module:
         if not scale.vit_shared_pretrain:
-            return pretrained_vit(scale, data, seed=seed, device=device, cache=pretrained_cache)
+            return load_pretrained(seed)
         if 0 not in shared:
-            shared[0] = pretrained_vit(scale, data, seed=0, device=device, cache=pretrained_cache)
+            shared[0] = load_pretrained(0)
         return shared[0]
 
     def one(seed: int) -> dict[str, Any]:
@@ -286,4 +303,4 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
                        "lr_range": [base * float(f) for f in scale.vit_lr_range], "score": "public tuning-validation "
                        "accuracy, ties by lower loss", "pretrain_images": len(parts.pretrain),
                        "tune_train_images": len(parts.tune_train), "tune_val_images": len(parts.tune_val)},
-            "private_images": n, "per_seed": per}
+            "private_images": n, "pretrained_on": origins, "per_seed": per}
