@@ -42,6 +42,18 @@ SCALE_NOTE = [
     "(Ke et al.'s budget split) at `cpu_hour`: the small CNN trained non-DP for 3,000 steps on 10,000 public "
     "CIFAR-10 images (53.7 %), then 1,000 DP steps of batch 125 per strategy on the 3,750 Food-101 images, ε ∈ {1, "
     "8} by RDP, 5 seeds (50 runs, 35 min of training).",
+    "* `gpu_full_vit_long`: the ViT arm at ViT-Tiny's width past the issue's 60 %, on one lent NVIDIA H100 80GB "
+    "(one 565 s command, `seed_gpu/gpu_full_vit_long/`) and this CPU. ViT-Tiny's width, heads and depth (192 × 3 "
+    "× 12, 5.4M parameters) on 8×8 patches (16 tokens plus the class token), pre-trained once, non-DP, for 8,000 "
+    "steps of batch 256 on 18,000 public CIFAR-10 images with crops and flips and a cosine learning rate (400 "
+    "warm-up steps; ~210 s alone on the GPU): 61.6 % on the 10,000 test images. Every seed starts from that one "
+    "model and varies the fine-tuning's batches and noise and the search. For each ε ∈ {1, 3, 8, ∞}, 300 "
+    "fine-tuning steps of batch 256 on 20,000 disjoint private images, σ by PLD (1.167 / 0.754 / 0.543, δ = "
+    "1e-5), DP steps by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search on 2,000 further "
+    "public images, so tuning costs no privacy. Per-block statistics on 1,000 held-out test images. The lease ran "
+    "the pre-training and 12 of the 20 (seed, ε) jobs (20 at once; its deadline stopped the other 8 seconds "
+    "short); the 8 ran on this CPU from the lease's weights (`seed_arms.py adopt`), one thread each, "
+    "MINUTES_PER_CPU_JOB minutes a job. The JSON's `mixed_machines` says which part ran where.",
     "* `cpu_vit_long`: the ViT arm on this 2-core CPU with a pre-trained model past the issue's 60 %. The 12-block "
     "ViT of width 64 (4 heads, 8×8 patches: 16 tokens plus the class token, 614k parameters) is pre-trained once, "
     "non-DP, for 16,000 steps of batch 128 on 22,500 public CIFAR-10 images with crops and flips and a cosine "

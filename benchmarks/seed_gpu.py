@@ -42,7 +42,11 @@ already), σ calibrated here into ``results/sigma-cache``; the device tool's ``r
 
 then the same ``run`` line with ``--soft 20`` and what is left of the lease as ``--hard`` on the still-warm machine
 (finished jobs are skipped; a machine that is given back keeps nothing: carry the pack's results back in or start
-again). Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job
+again). A shared pre-trained model (the ViT arm's, ``results/seed_arms/<scale>/pretrained/*.safetensors``, 21 MiB
+for ViT-Tiny) comes back too when the command splits it under ``$OUT`` (``split -b 15m``; files over 16 MiB stay
+behind) with its ``sha256sum``: joined here, ``python benchmarks/seed_arms.py adopt FILE --scale SCALE --sha256
+HEX`` makes it this machine's cached model, and the jobs the lease left fine-tune the lease's weights on this
+CPU. Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job
 stopped at ``--hard`` returns nothing. A 1,000-step DP ResNet-20 run costs about 20 s of the whole GPU (110-130 s
 with 6 at a time, 230-270 s with 12), non-DP steps ~5 times less, tr(H) estimates more: keep each job's runs × the
 jobs at once × 20 s under ``--hard``. Every lease as it ran, what it measured, and the plan for the next ones:
