@@ -391,6 +391,10 @@ def test_a_pretraining_from_another_machine_is_adopted_not_retrained_and_says_wh
     bare = save_safetensors(tmp_path / "bare.safetensors", lease_model.state_dict())
     with pytest.raises(ValueError, match="no cache key"):
         adopt_cached(bare, tmp_path / "x", lease)
+    (tmp_path / "half.safetensors").write_bytes(src.read_bytes()[:1000])  # one of two pieces, say
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        adopt_cached(tmp_path / "half.safetensors", tmp_path / "x", lease)
+    assert not (tmp_path / "x").exists()
 
 
 def _bump(module):

@@ -389,7 +389,11 @@ def adopt_cached(src: str | Path, cache: str | Path, key: dict[str, Any], *, pre
     from training.io import load_safetensors, save_safetensors, waiting_lock
 
     src = Path(src)
-    stored = _stored_metadata(src).get("key")
+    try:
+        stored = _stored_metadata(src).get("key")
+    except Exception as e:  # noqa: BLE001 - safetensors' own error types: missing, truncated or not safetensors
+        raise ValueError(f"{src} is not a readable safetensors file ({e}): re-assemble it from the lease's parts"
+                         ) from None
     if stored is None:
         raise ValueError(f"{src} carries no cache key: it was not written by cached_fit, so what it was trained "
                          "on is unknown")
@@ -434,11 +438,8 @@ def cached_fit(cache: str | Path | None, key: dict[str, Any], make: Callable[[],
     path = cache_path(cache, key, prefix=prefix)
     with waiting_lock(path.with_suffix(".lock")):
         if path.is_file():
-            from safetensors import safe_open
-
             try:
-                with safe_open(str(path), framework="pt") as f:
-                    stored = (f.metadata() or {}).get("key")
+                stored = _stored_metadata(path).get("key")
                 if stored == text:
                     model = make()
                     model.load_state_dict(load_safetensors(path))
