@@ -31,6 +31,21 @@ def result(data):
     return vit_arm(TINY, data=data)
 
 
+def _trained_phases(monkeypatch) -> list[str]:
+    """The names of the phases the ViT arm trains from now on (its ``train`` wrapped), in order."""
+    import audit.seed_arms.vit as vit
+
+    calls: list[str] = []
+    real = vit.train
+
+    def counting(model, specs, **kw):
+        calls.extend(s.name for s in specs)
+        return real(model, specs, **kw)
+
+    monkeypatch.setattr(vit, "train", counting)
+    return calls
+
+
 def _vit(data, seed=0):
     return build(TINY, data, seed=seed, arch=TINY.vit_arch, kwargs=TINY.vit_kwargs)
 
@@ -173,16 +188,7 @@ def test_pretraining_augmentation_is_seeded_and_reaches_only_the_public_phase(da
 def test_pretrained_cache_trains_once_per_seed_and_matches_a_plain_run(data, tmp_path, monkeypatch):
     """Two (seed, ε) jobs with one cache pre-train once and start from the weights a run without the cache
     trains; a cache file of another key, or a corrupt one, is trained again rather than trusted."""
-    import audit.seed_arms.vit as vit
-
-    calls = []
-    real = vit.train
-
-    def counting(model, specs, **kw):
-        calls.extend(s.name for s in specs)
-        return real(model, specs, **kw)
-
-    monkeypatch.setattr(vit, "train", counting)
+    calls = _trained_phases(monkeypatch)
     one = TINY.with_(vit_epsilons=(8.0,), vit_trials=1)
     plain = vit_arm(one, data=data)["per_seed"]
     calls.clear()
@@ -365,14 +371,7 @@ def test_a_pretraining_from_another_machine_is_adopted_not_retrained_and_says_wh
     src = cache_path(tmp_path / "lease", lease, prefix="model")
     here = tmp_path / "here"
     adopt_cached(src, here, vit.pretrain_key(one, data, seed=0), prefix=vit.PRETRAIN_PREFIX)
-    calls = []
-    real = vit.train
-
-    def counting(model, specs, **kw):
-        calls.extend(s.name for s in specs)
-        return real(model, specs, **kw)
-
-    monkeypatch.setattr(vit, "train", counting)
+    calls = _trained_phases(monkeypatch)
     got = vit_arm(one, data=data, pretrained_cache=here)
     assert "public" not in calls  # the adopted weights were fine-tuned, not trained again
     assert got["pretrained_on"] == {"0": {"device": "cuda", "torch": "2.11.0+cu130", "adopted": True}}
