@@ -99,7 +99,7 @@ SCALES["gpu_full"] = SCALES["full"].with_(name="gpu_full", root=".device_data/ci
 # leases: ~4 minutes of DP steps plus the pre-training, if 8-12 processes keep the GPU busy as they did. Pre-training
 # probe on this CPU (seed 0, 2,000 steps, 29 min): 42.6 % on 2,000 test images. `seed_gpu.py run --scale gpu_full
 # --arms vit --no-runs --workers 20` runs it as 20 (seed, ε) jobs sharing each seed's pre-training
-# (`common.cached_fit`): on an H200 (2026-11-26) all 20 at once finished in 432 s (pre-training 44.8 ± 2.1 % on
+# (`model_cache.cached_fit`): on an H200 (2026-11-26) all 20 at once finished in 432 s (pre-training 44.8 ± 2.1 % on
 # the 10,000 test images; each DP fine-tuning run ~120 s, ~0.4 s a step with 20 processes sharing the GPU, 91 % busy)
 SCALES["gpu_full_vit"] = SCALES["gpu_full"].with_(
     name="gpu_full_vit", steps=300, source_steps=2000, vit_public=20000, vit_tune_fraction=0.1,
@@ -281,11 +281,11 @@ def adopt_pretrained(src: Path, scale_name: str, *, seed: int = 0, sha256: str |
 
     Raises:
         ValueError: a checksum that differs, or a file trained with other settings (see
-            :func:`audit.seed_arms.common.adopt_cached`).
+            :func:`audit.seed_arms.model_cache.adopt_cached`).
     """
     import hashlib
 
-    from audit.seed_arms.common import adopt_cached
+    from audit.seed_arms.model_cache import adopt_cached
     from audit.seed_arms.vit import PRETRAIN_PREFIX, pretrain_key, vit_data
     from training.device import resolve_device
 

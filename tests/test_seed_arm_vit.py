@@ -305,7 +305,8 @@ def test_fields_left_out_of_the_cache_key_do_not_change_the_pretrained_model(dat
     """fit_key drops AFTER_FIT_FIELDS so that two scales share a pre-trained model (the Ke et al. arm on the ViT
     arm's): changing any of them leaves the key *and* the trained weights as they are, while a field the
     pre-training reads changes the key."""
-    from audit.seed_arms.common import AFTER_FIT_FIELDS, fit_key
+    from audit.seed_arms.common import AFTER_FIT_FIELDS
+    from audit.seed_arms.model_cache import fit_key
     from audit.seed_arms.vit import pretrained_vit, vit_lr
 
     assert set(_AFTER_FIT_VALUES) == set(AFTER_FIT_FIELDS)
@@ -363,7 +364,7 @@ def test_a_pretraining_from_another_machine_is_adopted_not_retrained_and_says_wh
     cache entry; the arm then fine-tunes those very weights without training the public phase again and records
     where they were trained. A file of other settings, or without a key, is refused; a plain run records itself."""
     import audit.seed_arms.vit as vit
-    from audit.seed_arms.common import adopt_cached, cache_path, cached_fit
+    from audit.seed_arms.model_cache import adopt_cached, cache_path, cached_fit
 
     one = TINY.with_(vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
     lease = {**vit.pretrain_key(one, data, seed=0), "device": "cuda", "torch": "2.11.0+cu130"}
@@ -412,7 +413,7 @@ def test_adopt_command_checks_the_leases_checksum_and_exits_2_on_bad_input(data,
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import audit.seed_arms.vit as vit
     import seed_arms
-    from audit.seed_arms.common import cache_path, cached_fit
+    from audit.seed_arms.model_cache import cache_path, cached_fit
 
     shared = TINY.with_(name="tiny_adopt", vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
     monkeypatch.setattr(seed_arms, "OUT", tmp_path / "out")

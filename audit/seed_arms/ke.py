@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmScale, build, cached_fit, chosen_parts, fit_key, load_arm_data, per_seed, phase,
-                                    sigma_for, test_acc, train)
+from audit.seed_arms.common import (ArmScale, build, chosen_parts, load_arm_data, per_seed, phase, sigma_for, test_acc,
+                                    train)
+from audit.seed_arms.model_cache import cached_fit, fit_key
 
 __all__ = ["ke_arm", "ke_source", "knn_quality", "ke_parts", "select_split"]
 
@@ -92,7 +93,7 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
            pretrained_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: test accuracy, final and over-time kNN quality of the head-init arms, and the LP-FFT split sweep
     with its validation-selected split (see the module docstring). ``pretrained_cache``: a folder that shares the
-    source model between the part jobs of one run (:func:`audit.seed_arms.common.cached_fit`)."""
+    source model between the part jobs of one run (:func:`audit.seed_arms.model_cache.cached_fit`)."""
     from training.recipes.budget import split_budget
     from training.recipes.finetune import head_seed, new_head
 

@@ -55,8 +55,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, cached_fit, cached_origin, fit_key,
-                                    load_arm_data, per_seed, phase, sigma_for, test_acc, train)
+from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, load_arm_data, per_seed, phase, sigma_for,
+                                    test_acc, train)
+from audit.seed_arms.model_cache import cached_fit, cached_origin, fit_key
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
@@ -209,7 +210,7 @@ def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", c
                    ) -> torch.nn.Module:
     """The arm's public pre-training of ``seed`` (with ``vit_shared_pretrain`` the arm asks for seed 0 only):
     ``source_steps`` non-DP steps on the public pre-training part, kept in and loaded from ``cache``
-    (:func:`audit.seed_arms.common.cached_fit`)."""
+    (:func:`audit.seed_arms.model_cache.cached_fit`)."""
     base = vit_lr(scale)
     pretrain = public_parts(data.public, scale.vit_tune_fraction).pretrain
     pre = phase("public", pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0, lr=base,
@@ -223,7 +224,7 @@ def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", c
 
 
 def pretrain_key(scale: ArmScale, data: ArmData, *, seed: int, device="cpu") -> dict[str, Any]:
-    """The cache key of :func:`pretrained_vit`'s model (:func:`~audit.seed_arms.common.fit_key`): what
+    """The cache key of :func:`pretrained_vit`'s model (:func:`~audit.seed_arms.model_cache.fit_key`): what
     ``benchmarks/seed_arms.py adopt`` files a pre-training from a GPU lease under."""
     pretrain = public_parts(data.public, scale.vit_tune_fraction).pretrain
     return fit_key(scale, pretrain, seed=seed, lr=vit_lr(scale), device=device)
@@ -234,7 +235,7 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
     """Per seed: pre-train, then every (ε, tuned/untuned) private fine-tuning with its accuracy and per-block
     profile (see the module docstring). ``data`` replaces the scale's data (tests); ``pretrained_cache``: a folder
     that shares each seed's pre-trained weights between the jobs of one run
-    (:func:`audit.seed_arms.common.cached_fit`)."""
+    (:func:`audit.seed_arms.model_cache.cached_fit`)."""
     if data is None:
         data = vit_data(scale, device=device)
     parts = public_parts(data.public, scale.vit_tune_fraction)
