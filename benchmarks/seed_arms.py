@@ -198,14 +198,11 @@ def mixed_settings(parts: list[dict], split_field: str) -> dict[str, dict[str, A
     def value(p: dict, k: str) -> Any:
         return p["scale_settings"].get(k, defaults.get(k))
 
-    def label(p: dict) -> str:
-        return part_label(p, split_field)
-
     keys = {k for p in parts for k in p["scale_settings"]} - {"seeds", split_field}
     out = {}
     for k in sorted(keys):
         if len({json.dumps(value(p, k), sort_keys=True, default=str) for p in parts}) > 1:
-            out[k] = {label(p): value(p, k) for p in parts}
+            out[k] = {part_label(p, split_field): value(p, k) for p in parts}
     return out
 
 
