@@ -214,9 +214,10 @@ IN_WORDS = [
 
 LEFT_OUT = [
     "**Still short of the issue.** Ganesh et al.'s arm has not run at full size: its rows are from `cpu_hour`, "
-    "where non-DP is 33-37 %. At `gpu_full` 4 of its 25 parts have run on this CPU (seed 0's public budgets 10, "
-    "30, 100 and 300: 40.4, 41.7, 44.8 and 52.7 %; `seed_arms/gpu_full/parts/`); ~8.5 hours of one core, or one "
-    "lease, are left. The Ke et al. budget-split table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the "
+    "where non-DP is 33-37 %. At `gpu_full` 6 of its 25 parts have run on this CPU (seed 0's public budgets 10, "
+    "30, 100 and 300: 40.4, 41.7, 44.8 and 52.7 %; seed 1's 10 and 30: 40.2 and 41.2 %; "
+    "`seed_arms/gpu_full/parts/`); ~8 hours of one core, or one lease, are left. The Ke et al. budget-split "
+    "table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the "
     "configs) is still the small CNN's; the Ke et al. *arm* starts from a source past 60 % (`cpu_vit_ke`, the "
     "63.9 % ViT). The geometric law on the 3-block CNN (`transfer.md`) is inconclusive as well: 3 points per fit "
     "leave 1 residual degree of freedom. Met: a non-DP baseline above 60 % (the `gpu_full` continual config "
