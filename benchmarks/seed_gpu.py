@@ -197,9 +197,10 @@ def _job(kind: str, name: str, key, base: str = "gpu", part=None) -> dict:
 
 
 def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str = "gpu",
-         overrides: dict[str, str] | None = None) -> list[tuple]:
+         overrides: dict[str, str] | None = None, skip: frozenset[str] = frozenset()) -> list[tuple]:
     """Pending jobs, seed-major: for each seed, its arms (longest first) then its continual-config variants. An
-    arm job names the arm's own scale (:func:`arm_scale`), a variant job the base scale."""
+    arm job names the arm's own scale (:func:`arm_scale`), a variant job the base scale. ``skip`` names arm parts
+    by their file's stem (``ganesh.s4.same``) that run elsewhere meanwhile (on the CPU the lease was sent from)."""
     import re
 
     import seed_arms
@@ -217,15 +218,28 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
             # the ViT arm one job per (seed, ε), the other arms one per (seed, training or run): each short
             # enough to finish inside one command, and as many at once as the GPU holds
             split = seed_arms.SPLITS[a].parts(seed_arms.SCALES[sc])
-            out += [("arm", a, seed, sc, e) for e in split if not seed_arms.part_path(sc, a, seed, e).exists()]
+            paths = {e: seed_arms.part_path(sc, a, seed, e) for e in split}
+            out += [("arm", a, seed, sc, e) for e in split if not paths[e].exists() and paths[e].stem not in skip]
         out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)
                 and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
     return out
 
 
+def _part_stems(arms: list[str], scale: str, overrides: dict[str, str]) -> set[str]:
+    """Every part of ``arms`` at ``scale``, by its file's stem (what ``--skip`` names), done or not."""
+    import seed_arms
+
+    out = set()
+    for a in arms:
+        sc = arm_scale(a, scale, overrides)
+        for seed in seed_arms.SCALES[sc].seeds:
+            out |= {seed_arms.part_path(sc, a, seed, e).stem for e in seed_arms.SPLITS[a].parts(seed_arms.SCALES[sc])}
+    return out
+
+
 def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bases: list[str] | None = None,
-        first: list[str] = (), scale: str = "gpu", *, overrides: dict[str, str] | None = None, job=None,
-        log_path: Path | None = None) -> None:
+        first: list[str] = (), scale: str = "gpu", *, overrides: dict[str, str] | None = None,
+        skip: frozenset[str] = frozenset(), job=None, log_path: Path | None = None) -> None:
     """Run the pending jobs (:func:`jobs`) until the deadlines; ``job`` (a module-level function, default
     :func:`_job`) and ``log_path`` (default ``results/seed_gpu_jobs.jsonl``) are for tests."""
     import multiprocessing as mp
@@ -234,7 +248,7 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
     job, log_path = job or _job, log_path or LOG
     os.chdir(ROOT)
     os.environ["DP_AUDIT_SIGMA_CACHE"] = str(SIGMA_CACHE)
-    todo = jobs(arms, runs, bases, scale, overrides)
+    todo = jobs(arms, runs, bases, scale, overrides, skip)
     todo.sort(key=lambda j: (j[1] if j[0] == "arm" else str(j[2]).rsplit("-s", 1)[0]) not in first)  # stable
     # the soft deadline counts from here, once the queue is known: the imports and the scan of finished jobs take
     # seconds, and a short --soft measured from the start let no job start at all (the gpu_full lease's resume call)
@@ -385,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="gpu: the 11,000-image slice; gpu_full: all of CIFAR-10 after `prepare --jpeg` and `decode`")
     r.add_argument("--arm-scale", nargs="*", default=[], metavar="ARM=SCALE",
                    help="run an arm at another seed_arms scale, e.g. vit=gpu_full_vit_long")
+    r.add_argument("--skip", nargs="*", default=[], metavar="ARM.sSEED.PART",
+                   help="arm parts running elsewhere meanwhile, by their file's stem, e.g. ganesh.s4.same")
     r.add_argument("--soft", type=float, default=420.0,
                    help="seconds after the queue is ready (imports and the scan done) after which no job starts")
     r.add_argument("--hard", type=float, default=540.0, help="seconds after which running jobs are stopped")
@@ -411,8 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             parser.error(f"--arm-scale takes ARM=SCALE with an arm of {', '.join(ARM_ORDER)} and a scale of "
                          f"benchmarks/seed_arms.py, got {' '.join(bad)}")
+        unknown = sorted(set(args.skip) - _part_stems(args.arms, args.scale, overrides))
+        if unknown:
+            parser.error(f"--skip names no part of the arms {' '.join(args.arms)} at --scale {args.scale}: "
+                         f"{' '.join(unknown)} (a part is ARM.sSEED.PART, e.g. ganesh.s4.same)")
         run(args.arms, not args.no_runs, args.workers, args.soft, args.hard, args.variants, args.first, args.scale,
-            overrides=overrides)
+            overrides=overrides, skip=frozenset(args.skip))
     elif args.cmd == "unpack":
         unpack(args.tarball)
     elif args.cmd == "profile":

@@ -378,3 +378,11 @@ def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
         with pytest.raises(SystemExit) as exc:
             seed_gpu.main(["run", "--scale", "gpu_full", "--arm-scale", *bad])
         assert exc.value.code == 2
+    # parts running on this CPU meanwhile are left out of the lease's queue, by their file's stem
+    skip = frozenset({"ganesh.s4.same", "ganesh.s4.random"})
+    left = seed_gpu.jobs(["ganesh"], False, scale="gpu_full", skip=skip)
+    assert len(left) == len(seeds) * 5 - 2 and not [j for j in left if j[2] == 4 and j[4] in ("same", "random")]
+    for bad in (["ganesh.s9.same"], ["ganesh.s4.nope"], ["trace.s0.pretrain_dp"]):  # no such part of --arms
+        with pytest.raises(SystemExit) as exc:
+            seed_gpu.main(["run", "--scale", "gpu_full", "--arms", "ganesh", "--skip", *bad])
+        assert exc.value.code == 2
