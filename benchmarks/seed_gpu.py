@@ -48,9 +48,11 @@ behind) with its ``sha256sum``: joined here, ``python benchmarks/seed_arms.py ad
 HEX`` makes it this machine's cached model, and the jobs the lease left fine-tune the lease's weights on this
 CPU. Size a call before making it: jobs that share the GPU slow each other about in proportion, and a job
 stopped at ``--hard`` returns nothing. A 1,000-step DP ResNet-20 run costs about 20 s of the whole GPU (110-130 s
-with 6 at a time, 230-270 s with 12), non-DP steps ~5 times less, tr(H) estimates more: keep each job's runs × the
-jobs at once × 20 s under ``--hard``. Every lease as it ran, what it measured, and the plan for the next ones:
-``results/reference/seed_gpu/LEASES.md``."""
+with 6 at a time, 230-270 s with 12), non-DP steps ~5 times less, tr(H) estimates more; a Ganesh et al. run, with
+its evaluations, ~35 s (9 at a time: 315 s): keep each job's runs × the jobs at once × that cost under ``--hard``.
+``--skip ARM.sSEED.PART ...`` leaves out parts started on this CPU meanwhile, and a loop that packs to ``$OUT``
+every 25 s in the background returns what finished even if the device's limit cuts the call. Every lease as it
+ran, what it measured, and the plan for the next ones: ``results/reference/seed_gpu/LEASES.md``."""
 
 from __future__ import annotations
 
