@@ -95,7 +95,16 @@ SCALES = {
         overrides={"continual": {**_GPU_CONTINUAL, "data.root": ".device_data/cifar10_full", "data.pool_size": 20000,
                                  "training.continual.public.root": ".device_data/cifar10_full",
                                  "training.continual.public.pool_size": 5000, "training.augment.crop_padding": 4,
-                                 "training.augment.flip": True, "data.test_size": 10000}},
+                                 "training.augment.flip": True, "data.test_size": 10000},
+                   # Ke et al.'s budget-split table on a source past 60 %: ResNet-20 trained without DP on all 45,000
+                   # CIFAR-10 training images of the pack (crops and flips), then DP on the pack's Food-101 slice
+                   # (3,000 training, 600 test images) at batch 125, 1,000 steps per strategy, by book-keeping
+                   "finetune_source": {"model.arch": "resnet20_cifar", "data.root": ".device_data/cifar10_full",
+                                       "data.pool_size": None, "data.test_size": 10000, "training.steps": 3000,
+                                       "training.batch_size": 256, "training.augment.crop_padding": 4,
+                                       "training.augment.flip": True, "training.checkpoint_every": 500},
+                   "finetune": {"data.root": ".device_data/food101", "data.test_size": 600, "training.steps": 1000,
+                                "training.checkpoint_every": 250, "privacy.grad_sample_mode": "bk"}},
         # the non-DP baseline's tr(H) every 250 steps, not 50: on one shared GPU its 21 estimates of 32 probes cost
         # as much device time as two DP runs (the `gpu` lease), and the trace arm is where tr(H) is measured. The
         # decelerator runs likewise: the rule decides on its own estimates (every eval_every = 50 public steps, on
@@ -251,7 +260,8 @@ def remake(names: str, scale: str) -> str:
     """The Re-make line of a table."""
     flag = "" if scale == "cpu" else f" --scale {scale}"
     if SCALES[scale].gpu:  # trained on a lent GPU through seed_gpu.py's job queue, tabled here
-        return (f"Re-make: `python benchmarks/seed_gpu.py run --scale {scale} --arms` on the GPU machine (its "
+        configs = " --configs finetune" if "finetune" in names.split() else ""
+        return (f"Re-make: `python benchmarks/seed_gpu.py run --scale {scale} --arms{configs}` on the GPU machine (its "
                 f"docstring has the data and wheels to carry), `python benchmarks/seed_gpu.py unpack PACK` here, then "
                 f"`python benchmarks/seed_papers.py tables{flag}`")
     return (f"Re-make: `python benchmarks/seed_papers.py run {names} --workers 2{flag} && python "

@@ -283,7 +283,8 @@ def finetune_table_rows(scale: str) -> list[str]:
     raw = _finetune_runs(scale)
     exact = all(k in raw and len(raw[k]) == s[k][2] >= 2 for k in s)
     source = "the per-seed runs" if exact else "the table's rounded mean ± SD"
-    steps = scale_config("finetune", RUN_SCALES[scale]).training.steps
+    ft_cfg = scale_config("finetune", RUN_SCALES[scale])
+    steps, n_test = ft_cfg.training.steps, ft_cfg.data.test_size or 1000  # Food-101 test images each seed is scored on
     cmd = remake("finetune_source finetune", scale).removeprefix("Re-make: ").strip("`")
     for eps in (1, 8):
         if ("fft", eps) not in s:
@@ -297,9 +298,9 @@ def finetune_table_rows(scale: str) -> list[str]:
             vs = [verdict(diff=r.diff, p=p) for r, p in zip(res, adj)]
             v = "reproduced" if "reproduced" in vs else "not reproduced" if vs.count("not reproduced") == 3 else \
                 "inconclusive"
-            seeds = s[(other, eps)][2]  # every seed is scored on the configs' 1,000 Food-101 test images
+            seeds = s[(other, eps)][2]
             near = (f" {'DP-FFT' if other == 'fft' else 'DP-LP'} is near chance (10 %)."
-                    if chance_test(s[(other, eps)][0] / 100, n=1000 * seeds, chance=0.1).near else "")
+                    if chance_test(s[(other, eps)][0] / 100, n=n_test * seeds, chance=0.1).near else "")
             rows.append(row(scale, "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies table, {steps} steps)",
                              f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k in SPLITS)} % vs "
                              f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, {seeds} seeds.{near}",

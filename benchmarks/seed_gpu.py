@@ -16,15 +16,18 @@ and keeps nothing. So:
   continual arm one per (seed, training): non-DP, σ = 0, scratch, continual, plateau; the tr(H) arm one per (seed,
   training); the Ganesh et al. arm one per (seed, public budget or barrier pair); the Ke et al. arm one per (seed,
   head init or LP-FFT split), its source model trained once and shared) and of
-  :mod:`seed_papers`' continual config (one job per variant) over ``--workers`` processes sharing the GPU, in
-  seed-major order (``--first`` moves arms or variants ahead), skipping jobs whose results exist (carry them back
-  in and the queue resumes), starting nothing once ``--soft`` seconds have passed since the queue was ready and
+  :mod:`seed_papers`' configs (``--configs continual finetune``, one job per variant; the fine-tuning variants
+  start once their source, one job, has run, and ``pack`` brings its weights back: carry
+  ``results/experiments-gpu-full/ft-source`` to a later lease and it is not trained again) over ``--workers``
+  processes sharing the GPU, in seed-major order (``--first`` moves arms, configs or variants ahead), skipping jobs
+  whose results exist (carry them back in and the queue resumes), starting nothing once ``--soft`` seconds have
+  passed since the queue was ready and
   stopping everything at ``--hard`` seconds. σ calibrations are shared between the processes through the
   on-disk cache of :mod:`training.accounting.sigma_cache`. One process alone leaves an H100 mostly idle (the DP
   step is host-bound); 8-12 processes keep it busy (``results/reference/seed_gpu/``).
 * ``profile`` times one process alone (non-DP, DP hooks, DP bk) and lists the top device kernels of 12 DP steps.
-* ``pack DEST`` writes the results (arm parts, run manifests and metrics, the σ cache, the job log) to one tarball;
-  ``unpack`` puts a pack's JSON back under ``results/``.
+* ``pack DEST`` writes the results (arm parts, run manifests and metrics, the fine-tuning source's weights, the σ
+  cache, the job log) to one tarball; ``unpack`` puts a pack's JSON and safetensors back under ``results/``.
 
 Here, afterwards: ``python benchmarks/seed_arms.py merge ARM... --scale SCALE``, ``python benchmarks/seed_papers.py
 tables --scale gpu`` and ``python benchmarks/seed_findings.py``.
@@ -199,19 +202,27 @@ def _job(kind: str, name: str, key, base: str = "gpu", part=None) -> dict:
 
 
 def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str = "gpu",
-         overrides: dict[str, str] | None = None, skip: frozenset[str] = frozenset()) -> list[tuple]:
-    """Pending jobs, seed-major: for each seed, its arms (longest first) then its continual-config variants. An
-    arm job names the arm's own scale (:func:`arm_scale`), a variant job the base scale. ``skip`` names arm parts
-    by their file's stem (``ganesh.s4.same``) that run elsewhere meanwhile (on the CPU the lease was sent from)."""
+         overrides: dict[str, str] | None = None, skip: frozenset[str] = frozenset(),
+         configs: tuple[str, ...] = ("continual",)) -> list[tuple]:
+    """Pending jobs, seed-major: for each seed, its arms (longest first) then its variants of the :mod:`_seed_runs`
+    ``configs`` (``continual``, ``finetune``; ``bases`` keeps only those variant bases, e.g. ``sw0`` or
+    ``lpfft25-e1``). An arm job names the arm's own scale (:func:`arm_scale`), a variant job the base scale.
+    ``finetune`` puts its source (``finetune_source``) first when it has not run; its variants wait for it
+    (:func:`ready`). ``skip`` names arm parts by their file's stem (``ganesh.s4.same``) that run elsewhere
+    meanwhile (on the CPU the lease was sent from)."""
     import re
 
     import seed_arms
     from _seed_runs import SCALES, read_run, scale_config
     from audit.config import select_variant, variant_names
 
-    cfg = scale_config("continual", SCALES[scale])
-    variants = [v for v in (variant_names(cfg) if runs else []) if bases is None or v.rsplit("-s", 1)[0] in bases]
-    out = []
+    out, variants = [], {}
+    for name in configs if runs else ():
+        cfg = scale_config(name, SCALES[scale])
+        variants[name] = [(v, cfg) for v in variant_names(cfg) if (bases is None or v.rsplit("-s", 1)[0] in bases)
+                          and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
+        if name == "finetune" and variants[name] and not _source_done(scale):
+            out.append(("run", "finetune_source", None, scale))
     for seed in seed_arms.SCALES[scale].seeds:
         for a in (a for a in ARM_ORDER if a in arms):
             sc = arm_scale(a, scale, overrides)
@@ -222,9 +233,21 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
             split = seed_arms.SPLITS[a].parts(seed_arms.SCALES[sc])
             paths = {e: seed_arms.part_path(sc, a, seed, e) for e in split}
             out += [("arm", a, seed, sc, e) for e in split if not paths[e].exists() and paths[e].stem not in skip]
-        out += [("run", "continual", v, scale) for v in variants if re.fullmatch(rf".+-s{seed}", v)
-                and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
+        for name, vs in variants.items():
+            out += [("run", name, v, scale) for v, _ in vs if re.fullmatch(rf".+-s{seed}", v)]
     return out
+
+
+def _source_done(scale: str) -> bool:
+    """Whether the fine-tuning configs' source model has been trained at ``scale`` (its run directory finished)."""
+    from _seed_runs import SCALES, read_run, scale_config
+
+    return read_run(ROOT / scale_config("finetune_source", SCALES[scale]).run_dir()) is not None
+
+
+def ready(j: tuple) -> bool:
+    """Whether a pending job may start: a fine-tuning variant once its source has run, every other job at once."""
+    return not (j[0] == "run" and j[1] == "finetune") or _source_done(j[3])
 
 
 def _part_stems(arms: list[str], scale: str, overrides: dict[str, str]) -> set[str]:
@@ -241,21 +264,23 @@ def _part_stems(arms: list[str], scale: str, overrides: dict[str, str]) -> set[s
 
 def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bases: list[str] | None = None,
         first: list[str] = (), scale: str = "gpu", *, overrides: dict[str, str] | None = None,
-        skip: frozenset[str] = frozenset(), job=None, log_path: Path | None = None) -> None:
-    """Run the pending jobs (:func:`jobs`) until the deadlines; ``job`` (a module-level function, default
-    :func:`_job`) and ``log_path`` (default ``results/seed_gpu_jobs.jsonl``) are for tests."""
+        skip: frozenset[str] = frozenset(), configs: tuple[str, ...] = ("continual",), job=None,
+        log_path: Path | None = None, is_ready=None) -> None:
+    """Run the pending jobs (:func:`jobs`) until the deadlines, a job only once it is :func:`ready`; ``job`` (a
+    module-level function, default :func:`_job`), ``log_path`` (default ``results/seed_gpu_jobs.jsonl``) and
+    ``is_ready`` (default :func:`ready`) are for tests."""
     import multiprocessing as mp
 
     t0 = time.time()
-    job, log_path = job or _job, log_path or LOG
+    job, log_path, is_ready = job or _job, log_path or LOG, is_ready or ready
     os.chdir(ROOT)
     os.environ["DP_AUDIT_SIGMA_CACHE"] = str(SIGMA_CACHE)
-    todo = jobs(arms, runs, bases, scale, overrides, skip)
-    todo.sort(key=lambda j: (j[1] if j[0] == "arm" else str(j[2]).rsplit("-s", 1)[0]) not in first)  # stable
+    todo = jobs(arms, runs, bases, scale, overrides, skip, configs)
+    todo.sort(key=lambda j: j[1] not in first and (j[0] == "arm" or str(j[2]).rsplit("-s", 1)[0] not in first))
     # the soft deadline counts from here, once the queue is known: the imports and the scan of finished jobs take
     # seconds, and a short --soft measured from the start let no job start at all (the gpu_full lease's resume call)
-    ready = time.time()
-    print(f"{len(todo)} job(s) on {workers} worker(s); soft {soft:.0f} s after {ready - t0:.0f} s of setup, hard "
+    ready_at = time.time()
+    print(f"{len(todo)} job(s) on {workers} worker(s); soft {soft:.0f} s after {ready_at - t0:.0f} s of setup, hard "
           f"{hard:.0f} s", flush=True)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     pending = {}
@@ -263,10 +288,15 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         while queue or pending:
-            while queue and len(pending) < workers and time.time() - ready < soft:
-                j = queue.pop(0)
+            while len(pending) < workers and time.time() - ready_at < soft:
+                j = next((j for j in queue if is_ready(j)), None)  # e.g. a fine-tuning waits for its source
+                if j is None:
+                    break
+                queue.remove(j)
                 pending[pool.submit(job, *j)] = (j, time.time())
             if not pending:
+                if queue:
+                    print(f"{len(queue)} job(s) wait for what did not run (e.g. the fine-tuning source)", flush=True)
                 break
             done, _ = wait(pending, timeout=max(1.0, min(15.0, hard - (time.time() - t0))),
                            return_when=FIRST_COMPLETED)
@@ -291,7 +321,7 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
                 for proc in list(getattr(pool, "_processes", {}).values()):
                     proc.terminate()
                 break
-            if time.time() - ready >= soft and queue:
+            if time.time() - ready_at >= soft and queue:
                 print(f"soft deadline: {len(queue)} job(s) left for a later call", flush=True)
                 queue.clear()
     pool.shutdown(wait=False, cancel_futures=True)
@@ -299,7 +329,7 @@ def run(arms: list[str], runs: bool, workers: int, soft: float, hard: float, bas
 
 def _label(j: tuple) -> str:
     """A job in the log: ``continual s1 nondp`` (an arm's part), ``continual continual-dec-s0`` (a config run)."""
-    return f"{j[1]} s{j[2]} {j[4]}" if j[0] == "arm" else f"{j[1]} {j[2]}"
+    return f"{j[1]} s{j[2]} {j[4]}" if j[0] == "arm" else f"{j[1]} {j[2] or ''}".rstrip()
 
 
 def profile(steps: int, out: Path | None) -> None:
@@ -353,10 +383,11 @@ def profile(steps: int, out: Path | None) -> None:
 
 
 def unpack(tarball: Path) -> None:
-    """Extract a pack into ``results/`` (JSON only, paths checked), e.g. the committed GPU results."""
+    """Extract a pack into ``results/`` (JSON, and the fine-tuning source's safetensors weights, never a pickle;
+    paths checked), e.g. the committed GPU results."""
     with tarfile.open(tarball, "r:gz") as tar:
         members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith("results/")
-                   and ".." not in Path(m.name).parts and m.name.endswith((".json", ".jsonl"))]
+                   and ".." not in Path(m.name).parts and m.name.endswith((".json", ".jsonl", ".safetensors"))]
         tar.extractall(ROOT, members=members, filter="data")
     print(f"unpacked {len(members)} file(s) from {tarball}")
 
@@ -373,6 +404,8 @@ def pack(dest: Path) -> None:
             tar.add(p, arcname=str(p.relative_to(ROOT)))
         for p in sorted(p for d in ("experiments-gpu", "experiments-gpu-full")
                         for p in (ROOT / "results" / d).glob("*/*.json")):
+            tar.add(p, arcname=str(p.relative_to(ROOT)))
+        for p in sorted(ROOT.glob("results/experiments-gpu*/ft-source/model.safetensors")):  # a later lease's start
             tar.add(p, arcname=str(p.relative_to(ROOT)))
         for p in [*sorted(SIGMA_CACHE.glob("*.json")), LOG]:
             if p.exists():
@@ -392,10 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     dj.add_argument("--folder", type=Path, default=DATA / "cifar10_full")
     r = sub.add_parser("run", help="run the pending gpu-scale jobs until the deadlines")
     r.add_argument("--arms", nargs="*", default=list(ARM_ORDER), choices=ARM_ORDER)
-    r.add_argument("--no-runs", action="store_true", help="skip the continual config's variants")
+    r.add_argument("--no-runs", action="store_true", help="skip the configs' variants")
+    r.add_argument("--configs", nargs="*", default=["continual"], choices=("continual", "finetune"),
+                   help="whose variants to run: the continual config's, the fine-tuning configs' (after their "
+                        "source); default continual")
     r.add_argument("--variants", nargs="*", default=None,
-                   help="only these variant bases of the continual config (e.g. sw0 sw1); default all")
-    r.add_argument("--first", nargs="*", default=[], help="arms or variant bases whose pending jobs start first")
+                   help="only these variant bases of the configs (e.g. sw0 sw1, lpfft25-e1); default all")
+    r.add_argument("--first", nargs="*", default=[],
+                   help="arms, configs or variant bases whose pending jobs start first")
     r.add_argument("--workers", type=int, default=8)
     r.add_argument("--scale", choices=("gpu", "gpu_full"), default="gpu",
                    help="gpu: the 11,000-image slice; gpu_full: all of CIFAR-10 after `prepare --jpeg` and `decode`")
@@ -434,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--skip names no part of the arms {' '.join(args.arms)} at --scale {args.scale}: "
                          f"{' '.join(unknown)} (a part is ARM.sSEED.PART, e.g. ganesh.s4.same)")
         run(args.arms, not args.no_runs, args.workers, args.soft, args.hard, args.variants, args.first, args.scale,
-            overrides=overrides, skip=frozenset(args.skip))
+            overrides=overrides, skip=frozenset(args.skip), configs=tuple(args.configs))
     elif args.cmd == "unpack":
         unpack(args.tarball)
     elif args.cmd == "profile":

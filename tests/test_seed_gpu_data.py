@@ -47,3 +47,37 @@ def test_jpeg_pack_round_trip(tmp_path):
                 Image.fromarray(src).save(buf, format="JPEG", quality=75)
                 assert np.array_equal(got, np.asarray(Image.open(buf).convert("RGB")))
     assert (tmp_path / "out" / "classes.txt").read_text().split() == [f"c{i}" for i in range(10)]
+
+
+def test_pack_and_unpack_carry_results_and_the_source_weights_but_no_pickle(tmp_path, monkeypatch):
+    import tarfile
+
+    import seed_gpu
+
+    src, dst = tmp_path / "device", tmp_path / "here"
+    files = {"results/seed_arms/gpu_full/parts/ganesh.s0.same.json": b"{}",
+             "results/experiments-gpu-full/ft-source/manifest.json": b"{}",
+             "results/experiments-gpu-full/ft-source/model.safetensors": b"weights",
+             "results/experiments-gpu-full/ft-source/membership.npy": b"not packed",
+             "results/experiments-gpu-full/ft-lp-e1-s0/model.safetensors": b"not packed either"}
+    for name, data in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+    monkeypatch.setattr(seed_gpu, "ROOT", src)
+    monkeypatch.setattr(seed_gpu, "SIGMA_CACHE", src / "results/sigma-cache")
+    monkeypatch.setattr(seed_gpu, "LOG", src / "results/seed_gpu_jobs.jsonl")
+    seed_gpu.pack(tmp_path / "x.tgz")
+    with tarfile.open(tmp_path / "x.tgz") as tar:
+        assert sorted(tar.getnames()) == sorted(list(files)[:3])
+    with tarfile.open(tmp_path / "x.tgz", "r:gz") as tar:  # then a pack someone tampered with
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(tmp_path / "y.tgz", "w:gz") as tar:
+        for m, data in members + [(tarfile.TarInfo("results/evil.pkl"), b"pickle"),
+                                  (tarfile.TarInfo("results/../outside.json"), b"{}")]:
+            m.size = len(data)
+            tar.addfile(m, io.BytesIO(data))
+    monkeypatch.setattr(seed_gpu, "ROOT", dst)
+    seed_gpu.unpack(tmp_path / "y.tgz")
+    got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
+    assert got == sorted(list(files)[:3]) and not (tmp_path / "outside.json").exists()
+    assert (dst / list(files)[2]).read_bytes() == b"weights"

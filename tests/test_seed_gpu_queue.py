@@ -64,3 +64,38 @@ def test_a_failure_is_logged_and_the_hard_deadline_stops_an_overrun(monkeypatch,
     assert by["ok"]["status"] == "done"
     assert by[3]["status"].startswith("failed: RuntimeError('the job broke')") and by[3]["part"] == 8.0
     assert "long" not in by  # stopped at the hard deadline, never logged as done
+
+
+def test_a_job_starts_only_once_it_is_ready(monkeypatch, tmp_path):
+    # the fine-tuning variants wait for their source: neither starts before the source is logged as done
+    log = tmp_path / "jobs.jsonl"
+    todo = [("run", "fast", "ft1", "gpu"), ("run", "medium", "source", "gpu"), ("run", "fast", "ft2", "gpu")]
+
+    def is_ready(j):
+        return j[2] == "source" or (log.exists() and '"source"' in log.read_text())
+
+    recs = _run(monkeypatch, tmp_path, todo, workers=3, soft=60, hard=120, is_ready=is_ready)
+    assert [r["key"] for r in recs][0] == "source" and sorted(r["key"] for r in recs[1:]) == ["ft1", "ft2"]
+    by = {r["key"]: r for r in recs}
+    assert min(by[k]["end"] - by[k]["seconds"] for k in ("ft1", "ft2")) >= by["source"]["end"] - 0.5
+
+
+def test_jobs_that_can_never_start_end_the_queue(monkeypatch, tmp_path, capsys):
+    t0 = time.time()
+    recs = _run(monkeypatch, tmp_path, [("run", "fast", "ft", "gpu")], soft=60, hard=120, is_ready=lambda j: False)
+    assert recs == [] and time.time() - t0 < 30 and "1 job(s) wait for what did not run" in capsys.readouterr().out
+
+
+def test_the_fine_tuning_variants_queue_behind_their_source(monkeypatch, tmp_path):
+    monkeypatch.setattr(seed_gpu, "ROOT", tmp_path)  # no run has finished under this root
+    todo = seed_gpu.jobs([], True, scale="gpu_full", configs=("finetune",))
+    assert seed_gpu._label(todo[0]) == "finetune_source" and len(todo) == 1 + 5 * 2 * 5  # 5 seeds × 2 ε × 5 ways
+    assert seed_gpu.ready(todo[0]) and not any(seed_gpu.ready(j) for j in todo[1:])
+    assert [j[2] for j in todo[1:6]] == ["lp-e1-s0", "fft-e1-s0", "lpfft25-e1-s0", "lpfft50-e1-s0", "lpfft75-e1-s0"]
+    source = tmp_path / "results/experiments-gpu-full/ft-source"
+    source.mkdir(parents=True)
+    for f in ("manifest.json", "metrics.json"):
+        (source / f).write_text("{}")
+    todo = seed_gpu.jobs([], True, ["lpfft50-e8"], scale="gpu_full", configs=("finetune",))
+    assert [j[2] for j in todo] == [f"lpfft50-e8-s{s}" for s in range(5)] and all(seed_gpu.ready(j) for j in todo)
+    assert seed_gpu.jobs([], False, scale="gpu_full", configs=("finetune",)) == []  # --no-runs
