@@ -136,25 +136,30 @@ def _im2col(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return patches.permute(0, 1, 4, 5, 2, 3).reshape(n, C * kh * kw, Ho * Wo)
 
 
+def _conv2d_weight_grad(layer: nn.Conv2d, x: torch.Tensor, y: torch.Tensor, *, per_example: bool) -> torch.Tensor:
+    """The convolution's weight gradient for input ``x`` and output gradient ``y`` from its own weight-gradient
+    kernel: summed over the batch, or per example (n, out_channels, in_channels/groups·kh·kw) with the batch folded
+    into the channels, one group per (example, group) (``groups = n·G``)."""
+    x, padding = _kernel_input(layer, x)
+    y = y.float()
+    if not per_example:
+        return torch.nn.grad.conv2d_weight(x, layer.weight.shape, y, stride=layer.stride, padding=padding,
+                                           dilation=layer.dilation, groups=layer.groups)
+    (n, C, H, W), G = x.shape, layer.groups
+    return torch.nn.grad.conv2d_weight(x.reshape(1, n * C, H, W), (n * layer.out_channels, C // G, *layer.kernel_size),
+                                       y.reshape(1, n * layer.out_channels, *y.shape[2:]), stride=layer.stride,
+                                       padding=padding, dilation=layer.dilation,
+                                       groups=n * G).reshape(n, layer.out_channels, -1)
+
+
 def conv2d_grad_samples(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
     """Example i's weight gradient ``G_i`` (n, out_channels, in_channels/groups·kh·kw), summed over the calls.
 
-    The convolution's own weight-gradient kernel computes it for all examples at once: the batch folded into the
-    channels, one group per (example, group) (``groups = n·G``). On a CPU this is several times faster than the
-    im2col copy and batched products of the same arithmetic (ResNet-20's 32×32 layers: ~7x).
+    The convolution's own weight-gradient kernel computes it for all examples at once (:func:`_conv2d_weight_grad`).
+    On a CPU this is several times faster than the im2col copy and batched products of the same arithmetic
+    (ResNet-20's 32×32 layers: ~7x).
     """
-    n, G = grads[0].shape[0], layer.groups
-    total = None
-    for x, y in zip(acts, grads):
-        x, padding = _kernel_input(layer, x)
-        C, H, W = x.shape[1:]
-        w = torch.nn.grad.conv2d_weight(x.reshape(1, n * C, H, W), (n * layer.out_channels, C // G,
-                                                                   *layer.kernel_size),
-                                        y.float().reshape(1, n * layer.out_channels, *y.shape[2:]),
-                                        stride=layer.stride, padding=padding, dilation=layer.dilation,
-                                        groups=n * G).reshape(n, layer.out_channels, -1)
-        total = w if total is None else total + w
-    return total
+    return sum(_conv2d_weight_grad(layer, x, y, per_example=True) for x, y in zip(acts, grads))
 
 
 def conv2d_norms(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Tensor],
@@ -193,11 +198,7 @@ def conv2d_sums(layer: nn.Conv2d, acts: list[torch.Tensor], grads: list[torch.Te
                                      kept["weight"]).reshape(layer.weight.shape)
     elif "weight" in factors:
         c = factors["weight"][:, None, None, None]
-        plain = layer.padding_mode == "zeros" and not isinstance(layer.padding, str)  # let the kernel pad
-        out["weight"] = sum(torch.nn.grad.conv2d_weight(x.float() if plain else _padded(layer, x), layer.weight.shape,
-                                                        y.float() * c, stride=layer.stride,
-                                                        padding=layer.padding if plain else 0,
-                                                        dilation=layer.dilation, groups=layer.groups)
+        out["weight"] = sum(_conv2d_weight_grad(layer, x, y.float() * c, per_example=False)
                             for x, y in zip(acts, grads))
     if "bias" in factors:
         out["bias"] = sum(factors["bias"] @ y.float().sum((2, 3)) for y in grads)
