@@ -214,11 +214,12 @@ IN_WORDS = [
 
 LEFT_OUT = [
     "**Still short of the issue.** Ganesh et al.'s arm has not run at full size: its rows are from `cpu_hour`, "
-    "where non-DP is 33-37 %. At `gpu_full` 6 of its 25 parts have run on this CPU (seed 0's public budgets 10, "
-    "30, 100 and 300: 40.4, 41.7, 44.8 and 52.7 %; seed 1's 10 and 30: 40.2 and 41.2 %; "
-    "`seed_arms/gpu_full/parts/`); ~8 hours of one core, or one lease, are left. The Ke et al. budget-split "
-    "table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the "
-    "configs) is still the small CNN's; the Ke et al. *arm* starts from a source past 60 % (`cpu_vit_ke`, the "
+    "where non-DP is 33-37 %. At `gpu_full` 14 of its 25 parts have run, 6 on this CPU and 8 on an H100 lease "
+    "(every seed's 10 public steps: 40.2-41.2 % after 1,000 DP steps; 30: 41.2-41.7 %; 100: 44.7-45.6 %; seed 0's "
+    "300: 52.7 %; `seed_arms/gpu_full/parts/`); the 11 left, nine of them two-run barrier parts, are ~6 hours of "
+    "one core. The Ke et al. budget-split table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the "
+    "configs) is still the small CNN's (the queue now runs it on a lease: `seed_gpu.py run --configs finetune`, "
+    "~700 GPU-s); the Ke et al. *arm* starts from a source past 60 % (`cpu_vit_ke`, the "
     "63.9 % ViT). The geometric law on the 3-block CNN (`transfer.md`) is inconclusive as well: 3 points per fit "
     "leave 1 residual degree of freedom. Met: a non-DP baseline above 60 % (the `gpu_full` continual config "
     "64.3 %, the continual arm 64.1 %, the tr(H) arm 68.0-71.2 %) and the 12-block ViT at ViT-Tiny's width "
