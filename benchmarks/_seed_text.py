@@ -215,7 +215,8 @@ IN_WORDS = [
 LEFT_OUT = [
     "**Still short of the issue.** Ganesh et al.'s arm has not run at full size: its rows are from `cpu_hour`, "
     "where non-DP is 33-37 %. At `gpu_full` 14 of its 25 parts have run, 6 on this CPU and 8 on an H100 lease "
-    "(every seed's 10 public steps: 40.2-41.2 % after 1,000 DP steps; 30: 41.2-41.7 %; 100: 44.7-45.6 %; seed 0's "
+    "(10 public steps, all 5 seeds: 40.2-41.2 % after 1,000 DP steps; 30 and 100, seeds 0-3: 41.2-41.7 % and "
+    "44.7-45.6 %; seed 0's "
     "300: 52.7 %; `seed_arms/gpu_full/parts/`); the 11 left, nine of them two-run barrier parts, are ~6 hours of "
     "one core. The Ke et al. budget-split table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the "
     "configs) is still the small CNN's (the queue now runs it on a lease: `seed_gpu.py run --configs finetune`, "
