@@ -1,4 +1,5 @@
-"""benchmarks/seed_gpu.py's data for the GPU machine: the JPEG pack of CIFAR-10 decodes to the npz layout."""
+"""What travels to and from the GPU machine: the JPEG pack of CIFAR-10 decodes to the npz layout
+(benchmarks/_seed_gpu_data.py); the results pack brings back JSON and the fine-tuning source's weights, no pickle."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 def test_jpeg_pack_round_trip(tmp_path):
     from PIL import Image
 
-    import seed_gpu
+    import _seed_gpu_data as data
 
     rng = np.random.default_rng(0)
     shared = tmp_path / "shared"
@@ -30,9 +31,9 @@ def test_jpeg_pack_round_trip(tmp_path):
         np.savez(shared / "food101" / f"{split}.npz", x=np.stack([smooth(k % 7 + 2) for k in range(n)]),
                  y=np.arange(n) % 10)
     (shared / "food101" / "classes.txt").write_text("\n".join(f"f{i}" for i in range(10)) + "\n")
-    seed_gpu.pack_jpeg(shared, tmp_path / "pack.npz")
-    seed_gpu.unpack_jpeg(tmp_path / "pack.npz", tmp_path / "out")
-    food = seed_gpu._food_slice(shared)
+    data.pack_jpeg(shared, tmp_path / "pack.npz")
+    data.unpack_jpeg(tmp_path / "pack.npz", tmp_path / "out")
+    food = data._food_slice(shared)
     for split, n in (("train", 3000), ("test", 600)):
         with np.load(tmp_path / "food101" / f"{split}.npz") as b:
             assert b["x"].shape == (n, 32, 32, 3) and np.array_equal(b["y"], food[split][1])
