@@ -5,9 +5,10 @@ and keeps nothing. So:
 
 * ``prepare`` (in :mod:`_seed_gpu_data`, as is ``decode``) writes ``.device_data/`` (git-ignored) from
   ``../shared/data``: 11,000 CIFAR-10 training images (the arms' 8,000 private + 2,000 public + 1,000 validation
-  images; the continual configs' 8,000-image private pool is drawn from them), 2,000 CIFAR-10 test images, 2,000 *other* CIFAR-10 training images as the continual configs'
-  public set (disjoint by construction, so no public image is dropped as a duplicate of a private one) and 3,600
-  Food-101 images (the Ke et al. arm's downstream task), each draw seeded: the ``gpu`` scale.
+  images; the continual configs' 8,000-image private pool is drawn from them), 2,000 CIFAR-10 test images, 2,000
+  *other* CIFAR-10 training images as the continual configs' public set (disjoint by construction, so no public
+  image is dropped as a duplicate of a private one) and 3,600 Food-101 images (the Ke et al. arm's downstream
+  task), each draw seeded: the ``gpu`` scale.
   ``prepare --jpeg`` instead packs all of CIFAR-10 (55,000 images) and the same Food-101 slice as JPEG in 52 MiB;
   ``decode`` on the device turns it into ``.device_data/cifar10_full`` and ``.device_data/food101`` for the
   ``gpu_full`` scale (issue 16's full sizes).
