@@ -22,10 +22,10 @@ and keeps nothing. So:
   ``results/experiments-gpu-full/ft-source`` to a later lease and it is not trained again) over ``--workers``
   processes sharing the GPU, in seed-major order (``--first`` moves arms, configs or variants ahead), skipping jobs
   whose results exist (carry them back in and the queue resumes), starting nothing once ``--soft`` seconds have
-  passed since the queue was ready and
-  stopping everything at ``--hard`` seconds. σ calibrations are shared between the processes through the
-  on-disk cache of :mod:`training.accounting.sigma_cache`. One process alone leaves an H100 mostly idle (the DP
-  step is host-bound); 8-12 processes keep it busy (``results/reference/seed_gpu/``).
+  passed since the queue was ready and stopping everything at ``--hard`` seconds. σ calibrations are shared
+  between the processes through the on-disk cache of :mod:`training.accounting.sigma_cache`. One process alone
+  leaves an H100 mostly idle (the DP step is host-bound); 8-12 processes keep it busy
+  (``results/reference/seed_gpu/``).
 * ``profile`` times one process alone (non-DP, DP hooks, DP bk) and lists the top device kernels of 12 DP steps.
 * ``pack DEST`` writes the results (arm parts, run manifests and metrics, the fine-tuning source's weights, the σ
   cache, the job log) to one tarball; ``unpack`` puts a pack's JSON and safetensors back under ``results/``.
@@ -120,7 +120,7 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
     out, variants = [], {}
     for name in configs if runs else ():
         cfg = scale_config(name, SCALES[scale])
-        variants[name] = [(v, cfg) for v in variant_names(cfg) if (bases is None or v.rsplit("-s", 1)[0] in bases)
+        variants[name] = [v for v in variant_names(cfg) if (bases is None or v.rsplit("-s", 1)[0] in bases)
                           and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
         if name == "finetune" and variants[name] and not _source_done(scale):
             out.append(("run", "finetune_source", None, scale))
@@ -135,7 +135,7 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
             paths = {e: seed_arms.part_path(sc, a, seed, e) for e in split}
             out += [("arm", a, seed, sc, e) for e in split if not paths[e].exists() and paths[e].stem not in skip]
         for name, vs in variants.items():
-            out += [("run", name, v, scale) for v, _ in vs if re.fullmatch(rf".+-s{seed}", v)]
+            out += [("run", name, v, scale) for v in vs if re.fullmatch(rf".+-s{seed}", v)]
     return out
 
 
