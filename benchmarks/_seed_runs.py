@@ -241,8 +241,9 @@ def machine(runs: list[dict], manifests: list[dict] | None = None, scale: str | 
             continue
         soft = sorted({f"torch {p.get('torch')}, Python {p.get('python')}" for p in ps})
         names = sorted({p["device_name"] for p in ps if p.get("device_name")})  # manifests record it since 2026-11
-        gpu = ((SCALES[scale].gpu if scale in SCALES else "") or
-               f"one lent {' / '.join(names) or 'GPU'} shared by several runs at a time")
+        # the GPU the manifests name (they do since 2026-11), else the one the scale records for its older runs
+        gpu = (f"one lent {' / '.join(names)} shared by several runs at a time" if names else
+               (SCALES[scale].gpu if scale in SCALES else "") or "one lent GPU shared by several runs at a time")
         parts.append(f"device {dev} ({'; '.join(soft)}): {gpu} (`benchmarks/seed_gpu.py`), so a run's wall time is "
                      f"not its speed alone; {total(rs)}")
     return " — ".join(parts)

@@ -166,6 +166,11 @@ def test_machine_line_counts_runs_per_device():
         "2 runs, 12.0 min of training in total")  # the GPU's runs only: 120 s + 600 s
     assert tail.startswith("the other runs on this CPU") and tail.endswith("1 run, 1.0 min of training in total")
     assert " — " not in machine(runs[1:], [gpu, gpu])  # one device: one part
+    # the GPU the manifests name wins over the one a scale records for its older runs (which named none)
+    h100 = {"provenance": {**gpu["provenance"], "device_name": "NVIDIA H100 80GB HBM3"}}
+    assert "one lent NVIDIA H100 80GB HBM3 shared" in machine(runs[1:], [h100, h100], scale="gpu_full")
+    older = {"provenance": {k: v for k, v in gpu["provenance"].items() if k != "device_name"}}
+    assert "one lent NVIDIA H200 (143,771 MiB" in machine(runs[1:], [older, older], scale="gpu_full")
 
 
 def _ke_json(out, scale: str, *, selected: list[float], lp: list[float] | None) -> None:
