@@ -214,12 +214,12 @@ IN_WORDS = [
 
 LEFT_OUT = [
     "**Still short of the issue.** Ganesh et al.'s arm has not run at full size: its rows are from `cpu_hour`, "
-    "where non-DP is 33-37 %. At `gpu_full` 20 of its 25 parts have run, 12 on this CPU and 8 on an H100 lease "
+    "where non-DP is 33-37 %. At `gpu_full` 22 of its 25 parts have run, 14 on this CPU and 8 on an H100 lease "
     "(`seed_arms/gpu_full/parts/`): 1,000 DP steps after 0 public steps give 41.3-42.0 % (seeds 0, 1, 4), after "
-    "10: 40.2-41.2 % (all 5), 30: 41.2-41.8 % and 100: 44.7-45.6 % (seeds 0-3), 300: 52.3-53.4 % (seeds 0, 1, 2, "
-    "4); the loss barrier between two DP runs from one public init is 0.082-0.104, between two from random inits "
-    "0.78-1.96. The 5 parts left, three of them two-run barrier parts, are ~3 hours of "
-    "one core. The Ke et al. budget-split table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the "
+    "10: 40.2-41.2 %, 30: 41.2-41.8 % and 100: 44.7-45.6 % (all 5 seeds), 300: 52.3-53.4 % (seeds 0, 1, 2, 4); "
+    "the loss barrier between two DP runs from one public init is 0.082-0.104, between two from random inits "
+    "0.78-1.96. The 3 parts left (s2 `random`, s3 `same` and `random`, two DP runs and a barrier each) are "
+    "~2.5 hours of one core. The Ke et al. budget-split table (ε = 1 and 8, DP-LP vs DP-FFT vs LP-FFT through the "
     "configs) is still the small CNN's: at `gpu_full` its source, ResNet-20 trained without DP on 45,000 CIFAR-10 "
     "images, reaches 77.2 % (trained here, `seed_gpu/ft_source_gpu_full.tgz`), and its 50 DP fine-tunings wait "
     "for a lease (`seed_gpu.py run --scale gpu_full --arms --configs finetune`, ~400-700 GPU-s). The Ke et al. "
