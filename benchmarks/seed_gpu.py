@@ -124,16 +124,10 @@ def jobs(arms: list[str], runs: bool, bases: list[str] | None = None, scale: str
                           and read_run(ROOT / select_variant(cfg, v).run_dir()) is None]
         if name == "finetune" and variants[name] and not _source_done(scale):
             out.append(("run", "finetune_source", None, scale))
+    parts = _arm_parts(arms, scale, overrides)
     for seed in seed_arms.SCALES[scale].seeds:
-        for a in (a for a in ARM_ORDER if a in arms):
-            sc = arm_scale(a, scale, overrides)
-            if seed not in seed_arms.SCALES[sc].seeds:
-                continue
-            # the ViT arm one job per (seed, ε), the other arms one per (seed, training or run): each short
-            # enough to finish inside one command, and as many at once as the GPU holds
-            split = seed_arms.SPLITS[a].parts(seed_arms.SCALES[sc])
-            paths = {e: seed_arms.part_path(sc, a, seed, e) for e in split}
-            out += [("arm", a, seed, sc, e) for e in split if not paths[e].exists() and paths[e].stem not in skip]
+        out += [("arm", a, s, sc, e) for s, a, sc, e, path in parts
+                if s == seed and not path.exists() and path.stem not in skip]
         for name, vs in variants.items():
             out += [("run", name, v, scale) for v in vs if re.fullmatch(rf".+-s{seed}", v)]
     return out
@@ -151,15 +145,19 @@ def ready(j: tuple) -> bool:
     return not (j[0] == "run" and j[1] == "finetune") or _source_done(j[3])
 
 
-def _part_stems(arms: list[str], scale: str, overrides: dict[str, str]) -> set[str]:
-    """Every part of ``arms`` at ``scale``, by its file's stem (what ``--skip`` names), done or not."""
+def _arm_parts(arms: list[str], scale: str, overrides: dict[str, str] | None = None) -> list[tuple]:
+    """Every part of ``arms`` under ``--scale scale``, done or not, seed-major: ``(seed, arm, arm scale, part, part
+    file)``. The ViT arm has one part per (seed, ε), the other arms one per (seed, training or run): each short
+    enough to finish inside one command, and as many at once as the GPU holds."""
     import seed_arms
 
-    out = set()
-    for a in arms:
-        sc = arm_scale(a, scale, overrides)
-        for seed in seed_arms.SCALES[sc].seeds:
-            out |= {seed_arms.part_path(sc, a, seed, e).stem for e in seed_arms.SPLITS[a].parts(seed_arms.SCALES[sc])}
+    out = []
+    for seed in seed_arms.SCALES[scale].seeds:
+        for a in (a for a in ARM_ORDER if a in arms):
+            sc = arm_scale(a, scale, overrides)
+            if seed in seed_arms.SCALES[sc].seeds:
+                out += [(seed, a, sc, e, seed_arms.part_path(sc, a, seed, e))
+                        for e in seed_arms.SPLITS[a].parts(seed_arms.SCALES[sc])]
     return out
 
 
@@ -367,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             parser.error(f"--arm-scale takes ARM=SCALE with an arm of {', '.join(ARM_ORDER)} and a scale of "
                          f"benchmarks/seed_arms.py, got {' '.join(bad)}")
-        unknown = sorted(set(args.skip) - _part_stems(args.arms, args.scale, overrides))
+        unknown = sorted(set(args.skip) - {path.stem for *_, path in _arm_parts(args.arms, args.scale, overrides)})
         if unknown:
             parser.error(f"--skip names no part of the arms {' '.join(args.arms)} at --scale {args.scale}: "
                          f"{' '.join(unknown)} (a part is ARM.sSEED.PART, e.g. ganesh.s4.same)")
