@@ -99,15 +99,18 @@ SCALES = {
                    # Ke et al.'s budget-split table on a source past 60 %: ResNet-20 trained without DP on all 45,000
                    # CIFAR-10 training images of the pack (crops and flips), then DP on the pack's Food-101 slice
                    # (3,000 training, 600 test images) at batch 125, 1,000 steps per strategy. Per-example
-                   # gradients by Opacus hooks (the config's), not bk: on a shared H100, 1,000 bk steps of the
+                   # gradients by bk, not the config's Opacus hooks: no lease was drawn after the source was
+                   # trained, and on this 2-core CPU a ResNet-20 DP step of batch 125 costs 0.80 s under bk
+                   # against 1.54 s under hooks (one thread each, 2026-11-26). The same clipped gradients
+                   # (tests/test_dp_bk.py), so only the time differs; on a shared H100, 1,000 bk steps of the
                    # Ganesh et al. arm cost ~35 s of the whole GPU against ~20 s for hooks in the continual arm
-                   # (results/reference/seed_gpu/LEASES.md, leases 4 and 6), though bk is faster alone
+                   # (results/reference/seed_gpu/LEASES.md, leases 4 and 6)
                    "finetune_source": {"model.arch": "resnet20_cifar", "data.root": ".device_data/cifar10_full",
                                        "data.pool_size": None, "data.test_size": 10000, "training.steps": 3000,
                                        "training.batch_size": 256, "training.augment.crop_padding": 4,
                                        "training.augment.flip": True, "training.checkpoint_every": 500},
                    "finetune": {"data.root": ".device_data/food101", "data.test_size": 600, "training.steps": 1000,
-                                "training.checkpoint_every": 250}},
+                                "training.checkpoint_every": 250, "privacy.grad_sample_mode": "bk"}},
         # the non-DP baseline's tr(H) every 250 steps, not 50: on one shared GPU its 21 estimates of 32 probes cost
         # as much device time as two DP runs (the `gpu` lease), and the trace arm is where tr(H) is measured. The
         # decelerator runs likewise: the rule decides on its own estimates (every eval_every = 50 public steps, on

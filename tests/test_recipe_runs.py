@@ -207,6 +207,29 @@ def test_lp_fft_epsilon_split_composes_phases_with_different_sigma(tmp_path, sou
     assert lp.epsilon + fft.epsilon > composed  # composition is sub-additive: not a sum
 
 
+def test_lp_fft_under_bk_trains_what_hooks_trains(tmp_path, source_run):
+    """The fine-tuning table at `gpu_full` runs under bk on the CPU: an LP-FFT run (frozen backbone, then all
+    parameters) gives the hooks run's weights to rounding, with the same phases, σ and ε."""
+    from training.trainer import train
+
+    res, out = {}, {}
+    for mode in ("hooks", "bk"):
+        cfg = _finetune(source_run, **{"privacy": {"target_epsilon": 4.0, "accountant": "rdp",
+                                                   "grad_sample_mode": mode},
+                                       "training.finetune.strategy": "lp_fft", "training.finetune.lp_fraction": 0.5,
+                                       "training.finetune.head_init": "random", "training.seed": 2})
+        res[mode] = train(cfg, run_dir=tmp_path / mode)
+        out[mode] = _weights(tmp_path / mode)
+    (ph, pb) = (r.manifest.privacy for r in res.values())
+    assert [(p.name, p.steps, p.noise_multiplier) for p in ph.phases] == \
+        [(p.name, p.steps, p.noise_multiplier) for p in pb.phases]
+    assert ph.epsilon == pb.epsilon
+    src = _weights(source_run)
+    assert any(not torch.allclose(src[k], out["bk"][k]) for k in src if k in out["bk"])  # the backbone trained
+    for k, v in out["hooks"].items():
+        torch.testing.assert_close(out["bk"][k], v, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("head_init", ["random", "zero"])
 def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, head_init):
     """The recipe's run directory holds what the in-memory loop gives for the same start, plan and seed."""
