@@ -11,8 +11,9 @@ from _seed_runs import OUT, ROOT
 
 ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
 RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
-GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} --arms {arm} --no-runs{override} (on the GPU machine; "
-           "see its docstring), then here python benchmarks/seed_arms.py merge {arm} --scale {scale}")
+GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} --arms {arm} --no-runs{override} (on the GPU machine, "
+           "see its docstring, or on a CPU with --workers 2), then here python benchmarks/seed_arms.py merge {arm} "
+           "--scale {scale}")
 GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on the GPU machine), then here python "
                 "benchmarks/seed_papers.py tables --scale {scale}")
 

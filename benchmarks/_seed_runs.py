@@ -269,7 +269,8 @@ def remake(names: str, scale: str) -> str:
     if SCALES[scale].gpu:  # trained on a lent GPU through seed_gpu.py's job queue, tabled here
         configs = " --configs finetune" if "finetune" in names.split() else ""
         return (f"Re-make: `python benchmarks/seed_gpu.py run --scale {scale} --arms{configs}` on the GPU machine (its "
-                f"docstring has the data and wheels to carry), `python benchmarks/seed_gpu.py unpack PACK` here, then "
-                f"`python benchmarks/seed_papers.py tables{flag}`")
+                f"docstring has the data and wheels to carry; then `python benchmarks/seed_gpu.py unpack PACK` here) "
+                f"or on a CPU with `--workers 2` (the Machine line says where these ran), then `python "
+                f"benchmarks/seed_papers.py tables{flag}`")
     return (f"Re-make: `python benchmarks/seed_papers.py run {names} --workers 2{flag} && python "
             f"benchmarks/seed_papers.py tables{flag}`")
