@@ -115,6 +115,7 @@ def table_finetune(scale: str = "cpu") -> str | None:
                         "arm of `benchmarks/seed_arms.py` sets the head's rate by parameter group instead.")
     src_acc = f"{100 * src_read[1]['test_accuracy']:.1f} %" if src_read else "–"
     all_runs = [x for runs in g.values() for _, _, x in runs]
+    manifests = [m for runs in g.values() for _, m, _ in runs]  # where each ran: a lease's GPU or this CPU
     seeds = sorted({s for runs in g.values() for s, _, _ in runs})
     steps = cfg.training.steps
     return "\n".join([
@@ -129,4 +130,4 @@ def table_finetune(scale: str = "cpu") -> str | None:
         "alone gets the stated share of ε and σ_FFT is chosen so that the accountant's composition of both phases is "
         "the target ε (`training/recipes/budget.py`). Backbone drift = relative L2 change of the non-head weights "
         f"from the source (0 for DP-LP, bit for bit). Mean ± sample SD over seeds {', '.join(map(str, seeds))}.", "",
-        *rows, "", *closing(findings, all_runs, scale=scale)])
+        *rows, "", *closing(findings, all_runs, manifests, scale)])
