@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from training.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
 
 __all__ = ["ATTACK_FORMAT", "ATTACK_FILE", "Interval", "AttackMetrics", "Roc", "ClassSlice", "LeaveOneOut",
            "AttackEntry", "AttackSetup", "PopulationRecord", "PopulationSource", "Utility", "AttackFile",

@@ -21,7 +21,7 @@ from attacks.ray_farm import RayOptions
 from attacks.registry import attack_names, needs_reference
 from attacks.signals import AugmentationSpec
 from training.config import Strict
-from training.io import sha256_bytes
+from foundation.io import sha256_bytes
 
 __all__ = ["AttackConfig", "EXECUTION_ONLY", "reference_free_attacks", "fit_to_run"]
 

@@ -38,7 +38,7 @@ import numpy as np
 from scipy import special
 
 from attacks.registry import Attack, AttackInputs, register_attack
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = ["GaussianFit", "fit_gaussians", "gaussian_logpdf", "LiraOnline", "LiraOffline"]
 

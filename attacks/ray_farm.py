@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = ["RayOptions", "RaySession", "ray_session", "import_ray", "task_threads"]
 

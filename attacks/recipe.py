@@ -30,8 +30,8 @@ from torch import nn
 from training.config import ModelConfig, OptimConfig, TrainConfig  # noqa: F401 (OptimConfig: the doctest)
 from training.dp.batched.engine import check_model
 from training.dp.recipe import TrainRecipe
-from training.errors import ConfigError, UserError
-from training.io import sha256_bytes
+from foundation.errors import ConfigError, UserError
+from foundation.io import sha256_bytes
 from training.run.manifest import Manifest, PhaseInfo
 from training.models import build_model
 

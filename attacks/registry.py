@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = [
     "AttackInputs",

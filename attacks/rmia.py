@@ -45,7 +45,7 @@ from scipy import special
 from attacks.metrics import auc
 from attacks.registry import Attack, AttackInputs, register_attack
 from attacks.signals import log_prob_from_phi
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = ["RmiaOnline", "RmiaOffline", "log_mean_prob", "pairwise_fraction_above", "break_ties", "tie_summary",
            "tune_offline_a", "pseudo_target_inputs", "A_GRID"]

@@ -42,11 +42,11 @@ from attacks.results import evaluate_scores, loo_summary
 from attacks.shadows import ShadowSet, prepare_shadows
 from attacks.signal_cache import Signals, load_or_compute_signals
 from training.device import resolve_device
-from training.errors import CheckpointError, UserError
+from foundation.errors import CheckpointError, UserError
 from training.evaluate import accuracy
-from training.io import read_json, write_npz
+from foundation.io import read_json, write_npz
 from training.run import VerifiedRun, as_run, inputs_digest, inputs_record, is_current
-from training.run.lock import run_lock
+from foundation.lock import run_lock
 
 __all__ = ["AttackResult", "run_attack", "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
 

@@ -28,11 +28,11 @@ import torch
 from attacks.recipe import ShadowRecipe, batched_unsupported, model_factory, shadow_config
 from training.config import TrainConfig, dump_config
 from training.data import ImageSet, to_float_tensor
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.evaluate import accuracy
-from training.io import sha256_bytes, write_json, write_text
+from foundation.io import sha256_bytes, write_json, write_text
 from training.models import build_model, count_parameters
-from training.run.files import CONFIG_FILE, METRICS_FILE
+from foundation.files import CONFIG_FILE, METRICS_FILE
 from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest,
                                    write_manifest)
 from training.run.write import write_membership, write_weights

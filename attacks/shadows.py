@@ -14,7 +14,7 @@ On disk, under ``<run>/shadows/``::
 
 Reference models are re-used only when the recipe hash, pool fingerprint, K and seed all match and every
 model verifies (weights sha256, membership equal to its keep mask, pool fingerprint). Anything else is
-refused with a :class:`~training.errors.CheckpointError` naming the problem; ``retrain=True``
+refused with a :class:`~foundation.errors.CheckpointError` naming the problem; ``retrain=True``
 (``--retrain-shadows``) deletes the directory and trains afresh. An interrupted training (``complete`` false)
 continues with the models still missing.
 """
@@ -34,8 +34,8 @@ from attacks.recipe import shadow_recipe
 from attacks.shadow_train import resolve_executor, train_shadow_models
 from training.data import is_streamed
 from training.device import resolve_device
-from training.errors import CheckpointError, ConfigError, UserError
-from training.io import read_json, sha256_file, write_json, write_npy
+from foundation.errors import CheckpointError, ConfigError, UserError
+from foundation.io import read_json, sha256_file, write_json, write_npy
 from training.run import VerifiedRun, is_complete, open_run
 from training.run.verified import canary_package_of
 

@@ -37,7 +37,7 @@ import torch
 
 from attacks.shadows import ShadowSet
 from attacks.signals import AugmentationSpec, compute_signals
-from training.io import write_npz
+from foundation.io import write_npz
 from training.run import VerifiedRun, inputs_digest, run_population
 
 __all__ = ["SIGNALS_FILE", "Signals", "choose_population", "population_size", "signals_key", "content_sha256",

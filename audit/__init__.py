@@ -18,9 +18,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "train": "audit.api", "attack": "audit.api",
-    # the packages/modules of these steps are callable (audit._callable): audit.epsilon(run) is audit.api.epsilon
-    "epsilon": "audit.epsilon", "report": "audit.report", "gate": "audit.gate",
+    "train": "audit.api", "attack": "audit.api", "epsilon": "audit.api", "report": "audit.api", "gate": "audit.api",
     "OpacusAuditor": "audit.integrations", "CanaryDataset": "audit.integrations", "AuditedRun": "audit.integrations",
 }
 __all__ = list(_PUBLIC)

@@ -25,7 +25,7 @@ from training.accounting import (
     noise_multiplier_for,
     steps_for_epochs,
 )
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = ["Schedule", "AccountantResult", "dp_sgd_schedule", "account"]
 

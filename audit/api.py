@@ -5,19 +5,17 @@ gradient_canaries`` is ``audit.epsilon(RUN, sources="gradient_canaries")``; and 
 (``--retrain-shadows`` → ``retrain_shadows``); ``--no-progress`` is ``progress=False``; ``--set`` (repeatable) is
 ``overrides``, a list of ``"key=value"`` strings or a ``{key: value}`` mapping. Each function returns the typed
 result the command prints (:class:`~training.trainer.TrainResult`, :class:`~attacks.runner.AttackResult`,
-:class:`~audit.epsilon.runner.EpsilonReport`, :class:`~audit.report.ReportPaths`,
-:class:`~audit.gate.GateResult`) and raises :class:`training.errors.UserError` (one line) on bad input, where the
+:class:`~audit.bounds.runner.EpsilonReport`, :class:`~audit.reporting.ReportPaths`,
+:class:`~audit.gating.GateResult`) and raises :class:`foundation.errors.UserError` (one line) on bad input, where the
 command prints ``error: ...`` and exits with code 2. The click commands in :mod:`audit.commands` only parse
 options, call these functions and print.
 
-Because ``audit.epsilon``, ``audit.report`` and ``audit.gate`` are also the packages that hold those steps,
-the three modules are callable: ``audit.epsilon(run)`` calls :func:`epsilon` and ``audit.epsilon.runner`` is
-still the module.
+The steps' machinery lives in :mod:`audit.bounds` (ε lower bounds and the verdict), :mod:`audit.reporting` and
+:mod:`audit.gating`; the functions here are plain functions with real signatures.
 
->>> import audit
->>> import audit.epsilon.runner
->>> callable(audit.epsilon), audit.epsilon.runner.__name__
-(True, 'audit.epsilon.runner')
+>>> import inspect, audit
+>>> list(inspect.signature(audit.epsilon).parameters)[:2]
+['run', 'alpha']
 """
 
 from __future__ import annotations
@@ -29,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attacks.runner import AttackResult
-    from audit.epsilon.runner import EpsilonReport
-    from audit.gate import GateResult
-    from audit.report import ReportPaths
+    from audit.bounds.runner import EpsilonReport
+    from audit.gating import GateResult
+    from audit.reporting import ReportPaths
     from training.trainer import TrainResult
 
 __all__ = ["train", "attack", "epsilon", "report", "gate", "as_overrides"]
@@ -120,7 +118,7 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
     from training.run import has_recipe
 
     if not Path(run).is_dir():
-        from training.errors import CheckpointError
+        from foundation.errors import CheckpointError
 
         raise CheckpointError(f"run directory not found: {run}")
     given = as_overrides(overrides)
@@ -151,11 +149,11 @@ def epsilon(run: PathLike, *, alpha: float | None = None, sources: str | Sequenc
         trust_code: ``--trust-code``. log: called with progress messages.
 
     Returns:
-        The :class:`~audit.epsilon.runner.EpsilonReport`: ``verdict.status`` (``VIOLATION`` / ``CONSISTENT`` /
+        The :class:`~audit.bounds.runner.EpsilonReport`: ``verdict.status`` (``VIOLATION`` / ``CONSISTENT`` /
         ...), every estimate with its counts, and ``path`` (``epsilon.json``).
     """
     from audit.config import resolve_epsilon_config
-    from audit.epsilon.runner import run_epsilon
+    from audit.bounds.runner import run_epsilon
 
     if sources is not None and not isinstance(sources, str):
         sources = ",".join(sources)
@@ -167,8 +165,8 @@ def epsilon(run: PathLike, *, alpha: float | None = None, sources: str | Sequenc
 
 def report(run: PathLike, *, out: PathLike | None = None, pdf: bool = False, images: bool = True) -> ReportPaths:
     """``audit report RUN``: ``report.html``, ``report.md`` and ``report.json`` (``images=False`` is
-    ``--no-images``). Returns the :class:`~audit.report.ReportPaths` (``report.glance.status`` is the verdict)."""
-    from audit.report import write_report
+    ``--no-images``). Returns the :class:`~audit.reporting.ReportPaths` (``report.glance.status`` is the verdict)."""
+    from audit.reporting import write_report
 
     return write_report(run_dir=Path(run), out_dir=None if out is None else Path(out), pdf=pdf, load_images=images)
 
@@ -176,11 +174,11 @@ def report(run: PathLike, *, out: PathLike | None = None, pdf: bool = False, ima
 def gate(baseline: PathLike, candidate: PathLike, *, policy: PathLike, out: PathLike | None = None) -> GateResult:
     """``audit gate BASELINE CANDIDATE --policy P``: the CI regression gate.
 
-    Returns the :class:`~audit.gate.GateResult` (``passed``, ``exit_code``: 0 pass, 1 a rule failed, and each
+    Returns the :class:`~audit.gating.GateResult` (``passed``, ``exit_code``: 0 pass, 1 a rule failed, and each
     rule's values); writes it as JSON to ``out`` when given (the command's default is ``gate.json``).
     """
-    from audit.gate import evaluate_gate
-    from training.io import write_json
+    from audit.gating import evaluate_gate
+    from foundation.io import write_json
 
     result = evaluate_gate(baseline=Path(baseline), candidate=Path(candidate), policy=Path(policy))
     if out is not None:

@@ -1,7 +1,7 @@
 """The `audit` command line: thin click adapters over library functions.
 
 Each sub-command lives in ``audit/commands/<name>.py`` and exposes a click command named ``command``.
-Errors caused by the user's input (:class:`training.errors.UserError`) print one line and exit with code 2.
+Errors caused by the user's input (:class:`foundation.errors.UserError`) print one line and exit with code 2.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from training.errors import UserError
+from foundation.errors import UserError
 
 COMMANDS = ("train", "accountant", "attack", "import_", "epsilon", "transfer", "report", "gate", "run", "canaries")
 

@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 from attacks.config import AttackConfig
 from attacks.registry import attack_names
 from training.config import Strict, TrainConfig, apply_overrides, load_yaml, parse_override, validate_config
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["EpsilonConfig", "TransferRunConfig", "ReportConfig", "RunConfig", "load_run_config",
            "select_variant", "variant_names",

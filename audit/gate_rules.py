@@ -30,7 +30,7 @@ Exact pass/fail conditions (``b`` = baseline, ``c`` = candidate; attack scores a
 
 Files a rule needs must exist (``epsilon.json`` of the candidate for ``no_violation``; both ``attack.json`` for
 ``tpr_at_fpr``; the candidate's for ``max_auc``; both test accuracies for ``min_accuracy_delta``); a missing one
-is a :class:`training.errors.UserError` (exit code 2), never a silent pass.
+is a :class:`foundation.errors.UserError` (exit code 2), never a silent pass.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from attacks.attack_file import AttackFile
 from attacks.registry import attack_names
 from attacks.resolution import not_resolvable, resolvable
-from audit.report import fmt
-from audit.report.inputs import RunFiles, level_key
-from training.errors import UserError
+from audit.reporting import fmt
+from audit.reporting.inputs import RunFiles, level_key
+from foundation.errors import UserError
 
 __all__ = [
     "MaxClaimedEpsilon",

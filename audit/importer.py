@@ -31,9 +31,9 @@ import torch
 from training.device import resolve_device
 from training.config import ModelConfig
 from training.data import concat_sets
-from training.errors import CheckpointError, ConfigError, DataError
+from foundation.errors import CheckpointError, ConfigError, DataError
 from training.evaluate import accuracy
-from training.io import check_output_dir, remove_run_dir, sha256_file, write_json
+from foundation.io import check_output_dir, remove_run_dir, sha256_file, write_json
 from training.models import build_model, count_parameters, load_weights_file
 from training.run import IMPORT_FILE, METRICS_FILE, is_complete
 from training.run.imported import IMPORT_FORMAT, combine_import_sets, load_source

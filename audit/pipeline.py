@@ -23,8 +23,8 @@ from typing import Any
 
 from attacks.resolution import not_resolvable, resolvable
 from audit.config import RunConfig, select_variant, variant_names
-from training.errors import ConfigError
-from training.io import read_json, sha256_file, write_json
+from foundation.errors import ConfigError
+from foundation.io import read_json, sha256_file, write_json
 from training.run import METRICS_FILE, VerifiedRun, inputs_digest, open_run
 from training.trust import CodeTrust
 
@@ -80,8 +80,8 @@ def _timed(records: list[StepRecord], step: str, fn: Callable[[], str]) -> None:
 
 def _run_variant(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool, progress: bool,
                  command: str | None, log: Log, warn: Log | None) -> VariantResult:
-    from training.io import check_output_dir
-    from training.run.lock import run_lock
+    from foundation.io import check_output_dir
+    from foundation.lock import run_lock
 
     check_output_dir(cfg.run_dir(), what="run directory")
     with run_lock(cfg.run_dir(), command=command):  # the steps below take it again (nested, same process)
@@ -122,7 +122,7 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
         log(f"[{label}] attack: {res.steps[-1].status}")
 
     if "epsilon" in steps and cfg.epsilon.sources:
-        from audit.epsilon.runner import epsilon_is_complete, run_epsilon
+        from audit.bounds.runner import epsilon_is_complete, run_epsilon
 
         if epsilon_is_complete(run, cfg.epsilon):
             res.steps.append(StepRecord("epsilon", "skipped (complete)"))
@@ -151,7 +151,7 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
         log(f"[{label}] transfer: {res.steps[-1].status}")
 
     if "report" in steps:
-        from audit.report import write_report
+        from audit.reporting import write_report
 
         def report_key() -> str:
             return inputs_digest(run, pdf=cfg.report.pdf, manifest=run.manifest.model_dump(mode="json"),
@@ -171,7 +171,7 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
 
 def summarize(run: Path | VerifiedRun) -> dict[str, Any]:
     """The headline numbers of one run directory (whatever steps have run)."""
-    from audit.report.inputs import load_run
+    from audit.reporting.inputs import load_run
 
     files = load_run(run)
     out: dict[str, Any] = {"run": files.run_dir.name, "claimed_epsilon": files.manifest.privacy.claimed_epsilon}

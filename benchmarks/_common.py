@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from training.io import write_text
+from foundation.io import write_text
 
 __all__ = ["add_output_args", "emit", "command_line", "remake_section", "run_script"]
 

@@ -23,7 +23,7 @@ SPLITS = ("lpfft25", "lpfft50", "lpfft75")
 
 
 def _drift(src: dict, out_dir, key: str, eps: int, runs: list) -> list[float]:
-    from training.io import load_safetensors
+    from foundation.io import load_safetensors
     from training.run import WEIGHTS_FILE
 
     out = []
@@ -55,7 +55,7 @@ def table_finetune(scale: str = "cpu") -> str | None:
     g = groups("finetune", scale)
     if not g:
         return None
-    from training.io import load_safetensors
+    from foundation.io import load_safetensors
     from training.run import WEIGHTS_FILE
 
     cfg = scale_config("finetune", SCALES[scale])

@@ -1,7 +1,7 @@
 """Audit tightness: empirical ε lower bounds from DP-SGD runs (one per ε and seed), black-box and white-box.
 
 For each claimed ε and each seed of ``--seeds`` the script trains one model with `training.trainer.train` (the
-real pipeline) and audits it with `audit.epsilon.runner.run_epsilon` (the real `audit epsilon`); with several
+real pipeline) and audits it with `audit.bounds.runner.run_epsilon` (the real `audit epsilon`); with several
 seeds the spread table gives mean ± SD of ε_lb over the training runs (:mod:`audit.stats`):
 
 * data: scikit-learn digits (8x8, grey replicated to RGB), a pool of ``--pool`` real examples that are all
@@ -37,9 +37,9 @@ import numpy as np
 from scipy import stats
 
 from audit.config import EpsilonConfig
-from audit.epsilon.gdp import mu_from_eps
-from audit.epsilon.runner import run_epsilon
-from audit.epsilon.sources import gradient_canary_evidence, input_canary_evidence
+from audit.bounds.gdp import mu_from_eps
+from audit.bounds.runner import run_epsilon
+from audit.bounds.sources import gradient_canary_evidence, input_canary_evidence
 from training.config import TrainConfig
 from training.pool import draw_membership
 from training.run import open_run
@@ -100,9 +100,9 @@ def run_one(epsilon: float, args: argparse.Namespace) -> dict:
 
 def ideal_bounds(*, epsilon: float, args: argparse.Namespace) -> dict:
     """One-run bounds on simulated ideal white-box scores: N(μ, 1) IN, N(0, 1) OUT, μ = μ(ε, δ)."""
-    from audit.epsilon.one_run import epsilon_one_run_from_scores
-    from audit.epsilon.one_run_fdp import epsilon_one_run_fdp_from_scores
-    from audit.epsilon.runner import k_grids
+    from audit.bounds.one_run import epsilon_one_run_from_scores
+    from audit.bounds.one_run_fdp import epsilon_one_run_fdp_from_scores
+    from audit.bounds.runner import k_grids
 
     mu = mu_from_eps(eps=epsilon, delta=args.delta)
     kp, kn = k_grids(args.gradient_canaries, points=args.k_points, guesses=args.guesses)

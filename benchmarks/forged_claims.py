@@ -4,13 +4,13 @@ Three arms, ``--seeds`` targets each, on the quickstart data (digits, small_cnn)
 
 * ``forged ε=1``: trained **without noise** (clipping, sampling, steps as claimed) while every record — config.yaml
   (σ), manifest (phases, claim from the accountant), metrics.json — states the DP recipe calibrated to ε = 1: the
-  forgery passes the claim check (audit/epsilon/claim_check.py), only the evidence can catch it;
+  forgery passes the claim check (audit/bounds/claim_check.py), only the evidence can catch it;
 * ``honest ε=1`` and ``honest ε=8``: the same recipe with its noise.
 
 Each seed has its own auditor secret (``audit canaries make``: ``--canaries`` OOD canaries, inclusion bits and
 package order from the seed; the canary images are shared by all secrets, ``design_seed``) and trains on the real
 pool (members Bernoulli(1/2)) plus its package. Every target is audited exactly as ``audit epsilon RUN --canaries
-SECRET`` does (:func:`audit.epsilon.runner.run_epsilon`, source ``auditor_canaries``): commitment checks, LiRA on all
+SECRET`` does (:func:`audit.bounds.runner.run_epsilon`, source ``auditor_canaries``): commitment checks, LiRA on all
 canaries against reference sets trained by the auditor with the claimed σ and with σ = 0, one-run ε lower bound,
 Verdict. Reference sets are shared across seeds and arms that claim the same recipe (one directory, keyed by what
 each set was trained on): they never see any secret's inclusion bits, so the bound stays valid for every seed.
@@ -37,17 +37,17 @@ from _common import add_output_args, command_line, emit
 
 from audit.canaries import make_canaries, write_canaries
 from audit.config import EpsilonConfig
-from audit.epsilon.runner import run_epsilon
+from audit.bounds.runner import run_epsilon
 from training.accounting import noise_multiplier_for
 from training.config import TrainConfig, dump_config
 from training.data import to_float_tensor
 from training.dp.batched import train_many
 from training.dp.recipe import TrainRecipe
 from training.evaluate import accuracy
-from training.io import copy_file, sha256_bytes, write_text
+from foundation.io import copy_file, sha256_bytes, write_text
 from training.models import build_model
 from training.pool import build_pool
-from training.run.files import CANARY_PACKAGE_FILE, CONFIG_FILE
+from foundation.files import CANARY_PACKAGE_FILE, CONFIG_FILE
 from training.run.manifest import PhaseInfo
 from training.trainer import _finalize, _membership, _privacy_info
 
@@ -197,7 +197,7 @@ def _table(args, rows, total_s: float) -> str:
             name = r.estimates[0].provenance.get("reference_set_used", "?") if r.estimates else "none"
             used[name] = used.get(name, 0) + 1
         inc = np.mean([r.estimates[0].provenance.get("n_included", 0) for r in reports if r.estimates])
-        from training.io import read_json
+        from foundation.io import read_json
 
         acc = np.mean([read_json(run / "metrics.json")["test_accuracy"] for run in runs])
         lines.append(f"| {arm} | {min(claims):.3f}–{max(claims):.3f} | {n_v}/{len(reports)} | "

@@ -3,7 +3,7 @@
 For each target ε the script runs ``examples/opacus_cifar10.py`` (a plain Opacus CIFAR-10 script: GroupNorm CNN,
 ``make_private_with_epsilon`` with the PRV accountant and Poisson sampling, ``BatchMemoryManager``, SGD) twice
 with the same seed: once with :class:`audit.OpacusAuditor` attached (``--gradient-canaries`` m), once without.
-The audited run directory then goes through ``audit epsilon`` (:func:`audit.epsilon`, source
+The audited run directory then goes through ``audit epsilon`` (:func:`audit.bounds`, source
 ``gradient_canaries``): ε lower bounds from ``one_run`` (Steinke, Nasr & Jagielski 2023; decides the verdict) and
 ``one_run_fdp`` (Mahloujifar, Melis & Chaudhuri 2024; informational, the mechanism is subsampled so not exactly
 Gaussian), each with the ceiling those m canaries could reach at α.

@@ -1,8 +1,8 @@
 """Our one-run ε lower bound against ML Privacy Meter's own DP-audit code, on the canaries of real run directories.
 
 For each run directory the script reads the gradient-canary evidence ``audit epsilon`` uses
-(:func:`audit.epsilon.sources.gradient_canary_evidence`: scores −⟨θ_T − θ_0, u_i⟩ and inclusion bits, from the
-sha256-checked files) and runs :func:`audit.epsilon.privacy_meter.crosscheck_one_run`: our one-run test and
+(:func:`audit.bounds.sources.gradient_canary_evidence`: scores −⟨θ_T − θ_0, u_i⟩ and inclusion bits, from the
+sha256-checked files) and runs :func:`audit.bounds.privacy_meter.crosscheck_one_run`: our one-run test and
 Privacy Meter's ``audit.py`` (commit e384af8, run from a checkout in its own interpreter) on the same canaries,
 per guess set of ``audit epsilon``'s grid (same δ and α), and Privacy Meter's own search (its √m-step grid,
 δ = 0, not accounted for) beside ours on that grid. Example (the command that made
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from audit.config import EpsilonConfig
-from audit.epsilon.privacy_meter import PINNED_COMMIT, crosscheck_one_run
-from audit.epsilon.runner import k_grids
-from audit.epsilon.sources import Evidence, gradient_canary_evidence
+from audit.bounds.privacy_meter import PINNED_COMMIT, crosscheck_one_run
+from audit.bounds.runner import k_grids
+from audit.bounds.sources import Evidence, gradient_canary_evidence
 from training.run import open_run
 from _common import remake_section, run_script
 

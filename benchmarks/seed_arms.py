@@ -209,7 +209,7 @@ def mixed_settings(parts: list[dict], split_field: str) -> dict[str, dict[str, A
 def merge(name: str, scale_name: str) -> dict | None:
     """One arm's per-seed parts as the arm's JSON (seeds in order, ``per_seed`` lists joined, wall time summed);
     (seed, ε) parts of a seed are joined first, and only what every seed has is kept. None when no part exists."""
-    from training.io import write_json
+    from foundation.io import write_json
 
     by_seed: dict[int, list[dict]] = {}
     for p in sorted((OUT / scale_name / "parts").glob(f"{name}.s*.json")):
@@ -306,7 +306,7 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> t
     import torch
 
     from training.device import resolve_device
-    from training.io import write_json
+    from foundation.io import write_json
 
     torch.set_num_threads(1)
     os.chdir(ROOT)

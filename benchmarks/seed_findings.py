@@ -381,7 +381,7 @@ SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "cpu_vit_ke", "gpu_fu
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.io import write_text
+    from foundation.io import write_text
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", nargs="+", default=list(SCALES),

@@ -38,7 +38,7 @@ from _seed_runs import CONFIGS, OUT, ROOT, SCALES, run  # noqa: E402
 def tables(scale: str) -> None:
     from _seed_continual import table_continual, table_decelerator
     from _seed_finetune import table_finetune
-    from training.io import write_text
+    from foundation.io import write_text
 
     os.chdir(ROOT)
     suffix = "" if scale == "cpu" else f".{scale}"

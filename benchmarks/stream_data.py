@@ -31,7 +31,7 @@ from PIL import Image
 
 from training.config import DataConfig, TrainConfig
 from training.data import load_pool
-from training.io import load_safetensors
+from foundation.io import load_safetensors
 from training.trainer import train
 from _common import remake_section, run_script
 

@@ -37,7 +37,7 @@ from audit.transfer.distortion_run import distortion_trajectory
 from audit.transfer.runner import evaluate_transfer
 from audit.transfer.suite import TransferSuite, load_suite, parse_suite
 from training.data import limit_indices, load_dataset
-from training.io import read_json, write_json, write_text
+from foundation.io import read_json, write_json, write_text
 
 METHODS = {"nondp": "non-DP (reference)", "scratch": "DP from scratch", "continual": "DP continual pre-training",
            "continual-dec": "DP continual + decelerator"}

@@ -2,8 +2,8 @@
 
 Every file is built with its writer's own model and written with its writer's function: ``manifest.json``
 through :class:`training.run.manifest.Manifest`, ``attack.json`` through :class:`attacks.attack_file.AttackFile`,
-``epsilon.json`` through :class:`audit.epsilon.runner.EpsilonReport` (its verdict by the runner's own
-:func:`~audit.epsilon.runner.judge_estimates`), ``transfer.json`` through
+``epsilon.json`` through :class:`audit.bounds.runner.EpsilonReport` (its verdict by the runner's own
+:func:`~audit.bounds.runner.judge_estimates`), ``transfer.json`` through
 :class:`audit.transfer.transfer_file.TransferFile`. So a reader that drifts from its writer fails here too.
 Attack curves are binormal: with separation ``d`` (higher score = member), TPR(FPR) = Φ(Φ⁻¹(FPR) + d) and
 AUC = Φ(d / √2), so every number is known in closed form.
@@ -22,12 +22,12 @@ from scipy.stats import norm
 
 from attacks.attack_file import (AttackEntry, AttackFile, AttackMetrics, AttackSetup, ClassSlice, Roc, Utility,
                                  write_attack_file)
-from audit.epsilon.estimate import EpsilonEstimate
-from audit.epsilon.epsilon_file import write_epsilon_file
-from audit.epsilon.runner import EpsilonReport, SourcedEstimate, judge_estimates
+from audit.bounds.estimate import EpsilonEstimate
+from audit.bounds.epsilon_file import write_epsilon_file
+from audit.bounds.runner import EpsilonReport, SourcedEstimate, judge_estimates
 from audit.transfer.transfer_file import (Accuracy, DecayEntry, Diagnostics, KnnEntry, LayerEntry, LinearProbeEntry,
                                           SplitInfo, TransferFile, TransferRow, write_transfer_file)
-from training.io import fingerprint_arrays, read_json, sha256_file, write_json, write_npy, write_text
+from foundation.io import fingerprint_arrays, read_json, sha256_file, write_json, write_npy, write_text
 from training.run.manifest import (
     DataInfo,
     Manifest,

@@ -17,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from audit.cli import main
-from training.io import sha256_file, write_json
+from foundation.io import sha256_file, write_json
 
 __all__ = ["TINY", "ATTACK_ARGS", "Payload", "write_cfg", "cli", "assert_error", "edit_json", "rehash",
            "set_key"]

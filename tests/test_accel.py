@@ -19,7 +19,7 @@ import torch
 from training.accel import Accel, ResidentImages
 from training.config import TrainConfig, apply_overrides
 from training.data import to_float_tensor
-from training.io import load_safetensors
+from foundation.io import load_safetensors
 from training.trainer import train
 
 from fixtures_runs import TINY_TRAIN as TINY

@@ -20,7 +20,7 @@ from training.accounting import (
     noise_multiplier_for,
     steps_for_epochs,
 )
-from training.errors import UserError
+from foundation.errors import UserError
 
 # Golden values computed with opacus 1.6.0 (PRV, RDP) and dp-accounting 0.6.0 (PLD, interval 1e-4).
 GOLDEN = {

@@ -60,7 +60,7 @@ def test_api_equals_cli(tmp_path, monkeypatch):
 
 
 def test_api_bad_input_is_one_line_user_error(tmp_path):
-    from training.errors import UserError
+    from foundation.errors import UserError
 
     with pytest.raises(UserError, match="run directory not found"):
         audit.epsilon(tmp_path / "missing")

@@ -19,8 +19,8 @@ from training.run import open_run
 from audit.cli import main
 from audit.config import resolve_attack_config
 from training.config import TrainConfig
-from training.errors import CheckpointError, UserError
-from training.io import read_json, write_json, write_npz
+from foundation.errors import CheckpointError, UserError
+from foundation.io import read_json, write_json, write_npz
 
 K = 4
 LEVELS = ("0.01", "0.001", "0.0001")

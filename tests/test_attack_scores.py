@@ -23,7 +23,7 @@ from attacks.registry import (
     register_attack,
 )
 from attacks.rmia import RmiaOffline, RmiaOnline
-from training.errors import UserError
+from foundation.errors import UserError
 
 ALL_ATTACKS = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_offline", "rmia_online",
                "rmia_offline")

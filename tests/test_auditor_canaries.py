@@ -18,15 +18,15 @@ from audit.canaries import make_canaries, read_secret, verify_secret, write_cana
 from audit.canaries.references import ReferenceSet
 from audit.cli import main
 from audit.config import EpsilonConfig
-from audit.epsilon.auditor_source import check_run_against_secret, lira_canary_scores, mixture_loglik
-from audit.epsilon.runner import SourcedEstimate, _estimate, judge_estimates
-from audit.epsilon.sources import Evidence
+from audit.bounds.auditor_source import check_run_against_secret, lira_canary_scores, mixture_loglik
+from audit.bounds.runner import SourcedEstimate, _estimate, judge_estimates
+from audit.bounds.sources import Evidence
 from training.canary_package import read_package
 from training.config import TrainConfig
-from training.errors import CheckpointError, DataError
+from foundation.errors import CheckpointError, DataError
 from training.pool import build_pool
 from training.run import open_run
-from training.run.files import CANARY_PACKAGE_FILE
+from foundation.files import CANARY_PACKAGE_FILE
 from training.trainer import train
 
 SALT = "5a" * 32
@@ -229,7 +229,7 @@ def test_a_memoriser_claiming_small_epsilon_is_a_violation_from_black_box_eviden
                                   "optim": base.optim.model_copy(update={"name": "adam", "lr": 0.01}),
                                   "privacy": base.privacy.model_copy(update={"noise_multiplier": 8.0})})
     run_dir = train(cfg, _debug_disable_noise=True).run_dir
-    from audit.epsilon.runner import run_epsilon
+    from audit.bounds.runner import run_epsilon
 
     report = run_epsilon(run_dir=run_dir, config=EpsilonConfig(sources=("auditor_canaries",),
                                                                canaries=str(paths["secret"]), canary_references=4))

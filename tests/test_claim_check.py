@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from audit.epsilon.claim_check import (check_claim, check_config, check_mechanism, check_metrics, check_provenance,
+from audit.bounds.claim_check import (check_claim, check_config, check_mechanism, check_metrics, check_provenance,
                                        recompute_epsilon)
 from training.accounting import DPPhase, cross_check, epsilon_for
 from training.config import TrainConfig, dump_config

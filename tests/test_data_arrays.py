@@ -13,7 +13,7 @@ from PIL import Image
 from training.config import DataConfig
 from training.data import (DATASETS, DatasetSpec, ImageSet, Registry, concat_sets, fit_image, limit_indices,
                            load_dataset, load_pool, load_test, pool_indices, to_float_tensor)
-from training.errors import DataError
+from foundation.errors import DataError
 
 from test_datasets import DISK_DATASETS, make_food101
 

@@ -17,7 +17,7 @@ from training.data import (
     load_dataset,
 )
 from training.data.safe_pickle import load_restricted
-from training.errors import DataError
+from foundation.errors import DataError
 
 DISK_DATASETS = ("npz", "cifar10", "cifar100", "svhn", "food101", "places365", "inat2021")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training.device import resolve_device
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 
 @pytest.mark.parametrize("cuda", [False, True])

@@ -30,9 +30,9 @@ from training.config import OptimConfig, TrainConfig
 from training.distributed import SINGLE, World, launch_command, world_from_env
 from training.dp.engine import make_stepper
 from training.dp.sampling import ShardedSampler, make_sampler
-from training.errors import UserError
+from foundation.errors import UserError
 from training.dp.recipe import TrainRecipe
-from training.run.files import MANIFEST_FILE, STATE_FILE
+from foundation.files import MANIFEST_FILE, STATE_FILE
 
 pytestmark = pytest.mark.slow  # starts processes (torch.multiprocessing spawn, torchrun)
 

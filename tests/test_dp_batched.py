@@ -16,7 +16,7 @@ from training.dp.batched.engine import member_samplers
 from training.dp.recipe import TrainRecipe
 from training.dp.rng import seeded_init
 from training.dp.sampling import make_sampler
-from training.errors import ConfigError, DataError
+from foundation.errors import ConfigError, DataError
 
 N, K = 64, 3
 

@@ -18,7 +18,7 @@ from training.dp import bk_layers as L
 from training.dp.bk import BKModule
 from training.dp.engine import cross_entropy_per_example, make_stepper
 from training.dp.recipe import TrainRecipe
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.models import build_model
 
 TOL = 1e-5
@@ -293,7 +293,7 @@ def test_a_bk_run_equals_a_hooks_run_and_its_manifest_says_so(tmp_path):
     """End to end (Poisson sampling, physical chunks, noise, accounting): the same seeds give the same weights."""
     from fixtures_runs import TINY_TRAIN
     from training.config import TrainConfig, apply_overrides
-    from training.io import load_safetensors
+    from foundation.io import load_safetensors
     from training.run import open_run
     from training.trainer import train
 

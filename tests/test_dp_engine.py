@@ -23,7 +23,7 @@ from training.dp.recipe import TrainRecipe
 from training.dp.sampling import PoissonSampler, ShuffleSampler, make_sampler
 from training.dp.schedules import lr_at
 from training.dp.state import join_state, split_state
-from training.errors import CheckpointError, ConfigError
+from foundation.errors import CheckpointError, ConfigError
 
 MODES_STYLES = [("hooks", "flat"), ("hooks", "per_layer"), ("hooks", "automatic"),
                 ("functorch", "flat"), ("functorch", "per_layer"), ("functorch", "automatic"),

@@ -20,7 +20,7 @@ import pytest
 from estimator_common import ALPHA, N_TRIALS, _max_false_positives
 from scipy import optimize, stats
 
-from audit.epsilon import (
+from audit.bounds import (
     Bonferroni,
     EpsilonEstimate,
     HeldOut,

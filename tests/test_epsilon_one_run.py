@@ -11,7 +11,7 @@ import pytest
 from estimator_common import ALPHA, N_TRIALS, _max_false_positives
 from scipy import stats
 
-from audit.epsilon import (
+from audit.bounds import (
     eps_from_mu,
     epsilon_one_run,
     epsilon_one_run_fdp,

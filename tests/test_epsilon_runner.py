@@ -16,14 +16,14 @@ import torch
 from click.testing import CliRunner
 
 from audit.config import EpsilonConfig
-from audit.epsilon.epsilon_file import EPSILON_FORMAT
-from audit.epsilon.runner import claim_is_gaussian, epsilon_is_complete, k_grids, run_epsilon
-from audit.epsilon.sources import (Evidence, Skipped, finite_scores, gradient_canary_evidence, input_canary_evidence,
+from audit.bounds.epsilon_file import EPSILON_FORMAT
+from audit.bounds.runner import claim_is_gaussian, epsilon_is_complete, k_grids, run_epsilon
+from audit.bounds.sources import (Evidence, Skipped, finite_scores, gradient_canary_evidence, input_canary_evidence,
                                    pool_evidence)
 from training.config import TrainConfig, dump_config
 from training.accounting import noise_multiplier_for
-from training.errors import CheckpointError, ConfigError, DataError, UserError
-from training.io import (fingerprint_arrays, save_safetensors, sha256_bytes, sha256_file, write_npy, write_npz,
+from foundation.errors import CheckpointError, ConfigError, DataError, UserError
+from foundation.io import (fingerprint_arrays, save_safetensors, sha256_bytes, sha256_file, write_npy, write_npz,
                          write_text)
 from training.run import inputs_digest, open_run
 from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
@@ -437,8 +437,8 @@ def test_forged_claim_is_a_violation_whatever_the_evidence(tmp_path):
     assert forged.verdict.notes[0].startswith("claim does not follow from the stated mechanism: ε(PLD) = ")
     assert read(run)["verdict"]["findings"][0]["severity"] == "error"
     assert read(run)["verdict"]["findings"][0]["kind"] == "claim_not_from_mechanism"
-    from audit.report.build import build_report
-    from audit.report.inputs import load_run
+    from audit.reporting.build import build_report
+    from audit.reporting.inputs import load_run
 
     glance = build_report(load_run(run)).glance
     assert glance.status == "VIOLATION" and "not supported by the run's own record" in glance.summary

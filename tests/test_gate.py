@@ -9,10 +9,10 @@ import yaml
 from click.testing import CliRunner
 
 from audit.cli import main
-from audit.gate import evaluate_gate, load_policy, parse_policy
+from audit.gating import evaluate_gate, load_policy, parse_policy
 from fixtures_runs import make_run, update_json
-from training.errors import ConfigError, UserError
-from training.io import read_json
+from foundation.errors import ConfigError, UserError
+from foundation.io import read_json
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY = REPO / "eval_configs" / "gates" / "default.yaml"

@@ -27,7 +27,7 @@ import torch
 import yaml
 from hostile_common import ATTACK_ARGS, Payload, assert_error, cli, edit_json, write_cfg
 
-from training.io import save_safetensors
+from foundation.io import save_safetensors
 
 MODULE = "dp_audit_hostile_payload"
 ARCH = f"{MODULE}:factory"

@@ -20,7 +20,7 @@ import torch
 from hostile_common import Payload, assert_error, cli, write_cfg
 
 from audit.cli import main
-from training.io import save_safetensors
+from foundation.io import save_safetensors
 
 # ------------------------------------------------------------------------------------------ configs (train)
 
@@ -127,7 +127,7 @@ def test_every_switch_of_every_config_section_takes_only_true_or_false():
     from audit.config import RunConfig
     from audit.transfer.suite import FinetuneProtocol, KnnProtocol, LinearProbeProtocol, TransferDataset
     from training.config import apply_overrides, validate_config
-    from training.errors import ConfigError
+    from foundation.errors import ConfigError
 
     base = {"privacy": {"enabled": True, "target_epsilon": 8.0}, "training": {"steps": 1}}
     switches = list(_switches(RunConfig))

@@ -25,7 +25,7 @@ import torch
 from fixtures_runs import make_run, update_json
 from hostile_common import ATTACK_ARGS, Payload, assert_error, cli, edit_json, rehash, write_cfg
 
-from training.io import load_safetensors, save_safetensors, write_npz
+from foundation.io import load_safetensors, save_safetensors, write_npz
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_truncated_or_edited_signals_are_recomputed(run):
 
 
 def test_a_second_writer_fails_fast_naming_the_lock_and_holder(run):
-    from training.run.lock import LOCK_FILE
+    from foundation.lock import LOCK_FILE
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

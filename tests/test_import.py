@@ -17,7 +17,7 @@ from attacks.config import AttackConfig
 from audit.importer import import_checkpoint, parse_source
 from training.config import ModelConfig
 from training.data import load_dataset, to_float_tensor
-from training.errors import CheckpointError, ConfigError, UserError
+from foundation.errors import CheckpointError, ConfigError, UserError
 from training.run.manifest import read_manifest
 
 N_MEMBERS, N_NON, N_POP = 60, 60, 20

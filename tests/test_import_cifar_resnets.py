@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from audit.cli import main
 from audit.importer import import_checkpoint, parse_source
 from training.config import ModelConfig
-from training.errors import CheckpointError, ConfigError
+from foundation.errors import CheckpointError, ConfigError
 from training.models import build_model
 from training.models.cifar_resnet import CIFAR_RESNET_DEPTHS, CifarResNet, resnet32
 from training.run.manifest import read_manifest

@@ -24,7 +24,7 @@ from models_common import (
 from torch import nn
 
 from training.config import ModelConfig
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.models import (
     MODELS,
     ModelRegistry,

@@ -20,8 +20,8 @@ from models_common import (
 from torch import nn
 
 from training.config import ModelConfig
-from training.errors import CheckpointError
-from training.io import save_safetensors
+from foundation.errors import CheckpointError
+from foundation.io import save_safetensors
 from training.models import (
     build_model,
     count_parameters,

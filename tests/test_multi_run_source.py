@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from audit.config import EpsilonConfig
-from audit.epsilon.multi_run_source import make_canary
-from audit.epsilon.runner import run_epsilon
+from audit.bounds.multi_run_source import make_canary
+from audit.bounds.runner import run_epsilon
 from training.config import TrainConfig, apply_overrides
 from training.trainer import train
 

@@ -13,7 +13,7 @@ from opacus import GradSampleModule
 from torch import nn
 
 from tests.test_dp_engine import stepper_for
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.models.dp_compat import opacus_inexact_layers
 
 

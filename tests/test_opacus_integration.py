@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import audit
-from audit.epsilon.runner import run_epsilon
+from audit.bounds.runner import run_epsilon
 from audit.config import EpsilonConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -189,9 +189,9 @@ def test_input_canaries_recorded_scores_and_report(tmp_path):
 
 
 def audit_errors():
-    import training.errors
+    import foundation.errors
 
-    return training.errors
+    return foundation.errors
 
 
 def test_refusals(tmp_path):

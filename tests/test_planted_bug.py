@@ -14,9 +14,9 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from audit.config import EpsilonConfig
-from audit.epsilon.runner import run_epsilon
+from audit.bounds.runner import run_epsilon
 from training.config import TrainConfig
-from training.io import read_json
+from foundation.io import read_json
 
 
 def _train(run_dir, *, epsilon: float, disable_noise: bool):

@@ -16,8 +16,8 @@ from audit.cli import main
 from training.canary_package import write_package
 from training.config import TrainConfig, apply_overrides
 from training.data import split_rows
-from training.errors import CheckpointError
-from training.io import fingerprint_arrays
+from foundation.errors import CheckpointError
+from foundation.io import fingerprint_arrays
 from training.run import open_run, run_population
 from training.trainer import train
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from audit.epsilon.privacy_meter import (PINNED_COMMIT, SOURCE_ENV, crosscheck_one_run, privacy_meter_source,
+from audit.bounds.privacy_meter import (PINNED_COMMIT, SOURCE_ENV, crosscheck_one_run, privacy_meter_source,
                                          tie_free_scores)
-from audit.epsilon.runner import k_grids
-from training.errors import UserError
+from audit.bounds.runner import k_grids
+from foundation.errors import UserError
 
 _LOCAL = Path(__file__).resolve().parents[1] / "results" / f"privacy-meter-{PINNED_COMMIT[:7]}"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.report import build_report, load_run
+from audit.reporting import build_report, load_run
 from fixtures_runs import make_run, update_json
 from training.run.manifest import _device_name, _git_state
 

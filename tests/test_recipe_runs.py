@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from training.accounting import DPPhase, epsilon_for, noise_multiplier_for
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.config import TrainConfig
 
 BASE = {"data": {"dataset": "digits", "pool_size": 240}, "model": {"arch": "small_cnn"},
@@ -31,7 +31,7 @@ def _continual(**updates) -> TrainConfig:
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:
-    from training.io import load_safetensors
+    from foundation.io import load_safetensors
 
     return load_safetensors(run_dir / "model.safetensors")
 
@@ -173,7 +173,7 @@ def _finetune(source, **updates) -> TrainConfig:
 
 
 def test_dp_lp_leaves_the_backbone_bit_identical(tmp_path, source_run):
-    from training.io import load_safetensors
+    from foundation.io import load_safetensors
     from training.trainer import train
 
     res = train(_finetune(source_run, **{"training.finetune.strategy": "lp",
@@ -234,7 +234,7 @@ def test_lp_fft_under_bk_trains_what_hooks_trains(tmp_path, source_run):
 def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, head_init):
     """The recipe's run directory holds what the in-memory loop gives for the same start, plan and seed."""
     from training.run import open_run
-    from training.io import load_safetensors
+    from foundation.io import load_safetensors
     from training.pool import build_pool
     from training.recipes.budget import PhaseBudget
     from training.recipes.finetune import finetune, finetune_phases, head_seed, new_head
@@ -268,7 +268,7 @@ def test_finetune_recipe_is_the_one_loop_called_directly(tmp_path, source_run, h
 
 
 def test_head_init_zero_and_keep_rules(tmp_path, source_run):
-    from training.io import load_safetensors
+    from foundation.io import load_safetensors
     from training.trainer import train
 
     res = train(_finetune(source_run, **{"training.finetune.strategy": "fft",
@@ -306,7 +306,7 @@ def test_continual_config_errors_are_one_line_user_errors(tmp_path, updates, pat
 
 
 def test_finetune_needs_a_checkpoint(tmp_path):
-    from training.errors import CheckpointError
+    from foundation.errors import CheckpointError
     from training.trainer import train
 
     with pytest.raises(ConfigError, match="checkpoint"):

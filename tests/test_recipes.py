@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from training.accounting import DPPhase, epsilon_for, noise_multiplier_for
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.recipes.budget import sigma_for_remaining, split_budget, split_steps
 from training.recipes.switch import Evaluation, SwitchRule, plateau_reached
 

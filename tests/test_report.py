@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from audit.cli import main
-from audit.report import Figures, PoolImages, build_report, load_run, render_html, write_report
-from audit.report.chromium import find_chromium, headless_args
+from audit.reporting import Figures, PoolImages, build_report, load_run, render_html, write_report
+from audit.reporting.chromium import find_chromium, headless_args
 from fixtures_runs import LEVELS, make_run, pool_arrays, update_json
-from training.io import read_json
+from foundation.io import read_json
 
 SECTIONS = ["glance", "claim", "threat", "attacks", "epsilon", "utility", "provenance", "limitations"]
 MD_HEADINGS = ["## 1. Verdict at a glance", "## 2. The claim", "## 3. Threat model", "## 4. Attacks",
@@ -26,7 +26,7 @@ MD_HEADINGS = ["## 1. Verdict at a glance", "## 2. The claim", "## 3. Threat mod
                "## 8. Limitations"]
 
 
-def _p4(x: float) -> str:  # independent of audit.report.fmt on purpose
+def _p4(x: float) -> str:  # independent of audit.reporting.fmt on purpose
     return f"{x:.4f}"
 
 
@@ -226,7 +226,7 @@ def test_thumbnails_need_a_pool_that_verifies_else_indices(tmp_path: Path) -> No
 def test_thumbnails_with_the_real_digits_loader(tmp_path: Path) -> None:
     from training.config import DataConfig
     from training.data import load_pool
-    from training.io import sha256_file
+    from foundation.io import sha256_file
 
     cfg = {"dataset": "digits", "pool_size": 60, "test_split": None}
     pool = load_pool(DataConfig.model_validate(cfg))  # scikit-learn's bundled digits: always available
@@ -252,7 +252,7 @@ def test_cli_report_writes_files_and_bad_input_exits_2(run: Path, tmp_path: Path
 
 
 def test_pdf_without_chromium_is_a_user_error(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("audit.report.chromium.find_chromium", lambda: None)
+    monkeypatch.setattr("audit.reporting.chromium.find_chromium", lambda: None)
     res = CliRunner().invoke(main, ["report", str(run), "--pdf", "--no-images"])
     assert res.exit_code == 2 and "needs Chromium" in res.output
 

@@ -13,15 +13,15 @@ import pytest
 
 from attacks.attack_file import AttackEntry, AttackFile, AttackSetup, Utility, read_attack_file, write_attack_file
 from attacks.results import evaluate_scores, loo_summary
-from audit.epsilon.epsilon_file import read_epsilon_file, write_epsilon_file
-from audit.epsilon.estimate import EpsilonEstimate
-from audit.epsilon.runner import EpsilonReport, SourcedEstimate, judge_estimates
-from audit.epsilon.sources import Skipped
-from audit.epsilon.verdict import Finding
+from audit.bounds.epsilon_file import read_epsilon_file, write_epsilon_file
+from audit.bounds.estimate import EpsilonEstimate
+from audit.bounds.runner import EpsilonReport, SourcedEstimate, judge_estimates
+from audit.bounds.sources import Skipped
+from audit.bounds.verdict import Finding
 from audit.transfer.transfer_file import read_transfer_file, write_transfer_file
 from fixtures_runs import make_run, transfer_result, update_json
-from training.errors import CheckpointError
-from training.io import read_json
+from foundation.errors import CheckpointError
+from foundation.io import read_json
 from training.run.manifest import read_manifest
 
 

@@ -10,7 +10,7 @@ from attacks.metrics import roc_curve
 from attacks.registry import AttackInputs
 from attacks.rmia import (A_GRID, RmiaOffline, RmiaOnline, break_ties, log_mean_prob, pairwise_fraction_above,
                           tie_summary, tune_offline_a)
-from training.errors import UserError
+from foundation.errors import UserError
 
 
 def test_ties_on_a_hand_made_vector():

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from audit.cli import main
 from training.config import TrainConfig
-from training.errors import CheckpointError
+from foundation.errors import CheckpointError
 from training.run import (CONFIG_FILE, MEMBERSHIP_FILE, WEIGHTS_FILE, VerifiedRun, inputs_digest, inputs_record,
                           is_current, open_run)
 
@@ -68,7 +68,7 @@ class Reads:
         self.mp = monkeypatch
         import training.config
         import training.data
-        import training.io
+        import foundation.io
         import training.pool
         import training.run.manifest
         import training.run.verified as verified
@@ -80,7 +80,7 @@ class Reads:
         self._spy(verified, "read_config", lambda a, k: ("config", a[0]))
         self._spy(training.pool, "build_pool", lambda a, k: ("pool", "*"))
         self._spy(training.data, "split_rows", lambda a, k: ("pool decode", "*"))  # the one pool draw
-        self._spy(training.io, "sha256_file", self._file_key)
+        self._spy(foundation.io, "sha256_file", self._file_key)
         self._spy(training.config, "load_yaml", self._file_key)
         original = Manifest.model_validate.__func__
 
@@ -181,7 +181,7 @@ def test_the_pipeline_opens_its_run_once(tmp_path: Path, monkeypatch: pytest.Mon
 def test_report_of_a_run_with_input_canaries_has_its_thumbnails(run_copy: Path) -> None:
     from attacks.runner import run_attack
     from attacks.config import AttackConfig
-    from audit.report import write_report
+    from audit.reporting import write_report
     from training.data import load_pool
 
     run = open_run(run_copy)
@@ -242,7 +242,7 @@ def test_an_output_is_current_only_for_the_same_run_and_step_keys(trained: Path,
     mask = np.load(other / MEMBERSHIP_FILE)
     np.save(other / MEMBERSHIP_FILE, ~mask)  # another membership with a manifest that records it
     man = json.loads((other / "manifest.json").read_text())
-    from training.io import sha256_file
+    from foundation.io import sha256_file
 
     man["data"]["membership_sha256"] = sha256_file(other / MEMBERSHIP_FILE)
     (other / "manifest.json").write_text(json.dumps(man))

@@ -12,8 +12,8 @@ import yaml
 
 from training.run import STATE_FILE
 from training.config import TrainConfig, dump_config, validate_config
-from training.errors import ConfigError
-from training.io import load_safetensors
+from foundation.errors import ConfigError
+from foundation.io import load_safetensors
 from training.trainer import SECURE_MODE_NOTE, train
 
 TINY = {

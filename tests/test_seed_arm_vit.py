@@ -386,7 +386,7 @@ def test_a_pretraining_from_another_machine_is_adopted_not_retrained_and_says_wh
         adopt_cached(src, tmp_path / "x", other)
     with pytest.raises(ValueError, match="seed"):
         adopt_cached(src, tmp_path / "x", {**lease, "seed": 1})
-    from training.io import save_safetensors
+    from foundation.io import save_safetensors
 
     bare = save_safetensors(tmp_path / "bare.safetensors", lease_model.state_dict())
     with pytest.raises(ValueError, match="no cache key"):

@@ -25,7 +25,7 @@ from attacks.ray_farm import RayOptions, ray_session
 from attacks.shadow_ray import STAGING_DIR, plan_tasks
 from attacks.shadows import INDEX_FILE, prepare_shadows
 from training.config import TrainConfig
-from training.errors import DataError
+from foundation.errors import DataError
 from training.run import open_run
 
 ray = pytest.importorskip("ray")

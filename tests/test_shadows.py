@@ -14,7 +14,7 @@ from attacks.shadow_train import resolve_executor, train_shadow_models
 from attacks.shadows import INDEX_FILE, balanced_keep_masks, prepare_shadows, shadow_seeds
 from training.config import TrainConfig
 from training.data import load_dataset
-from training.errors import CheckpointError, ConfigError, UserError
+from foundation.errors import CheckpointError, ConfigError, UserError
 from training.run import open_run
 from training.run.manifest import DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance
 

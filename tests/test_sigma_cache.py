@@ -61,7 +61,7 @@ def test_a_tampered_entry_is_recomputed(tmp_path, monkeypatch):
 
 
 def _hold(path, events, log, name, hold):
-    from training.io import waiting_lock
+    from foundation.io import waiting_lock
 
     with waiting_lock(path):
         events.set()

@@ -15,9 +15,9 @@ from training.config import DataConfig, TrainConfig, apply_overrides
 from training.data import ImageSet, RowArray, StreamSet, load_pool, load_test
 from training.data.stream import MEMORY_BUDGET_BYTES, decide_stream
 from training.dp.sampling import make_sampler
-from training.errors import DataError
+from foundation.errors import DataError
 from training.evaluate import accuracy, mean_loss
-from training.io import ArrayFingerprint, fingerprint_arrays, load_safetensors
+from foundation.io import ArrayFingerprint, fingerprint_arrays, load_safetensors
 from training.models import build_model
 from training.pool import build_pool
 from training.trainer import _membership, train
@@ -294,9 +294,9 @@ def test_attack_on_a_streamed_run_equals_in_memory(tmp_path):
     from attacks.recipe import shadow_recipe
     from attacks.runner import run_attack
     from attacks.shadow_train import resolve_executor
-    from audit.report.build import provenance_section
-    from audit.report.images import load_pool_images
-    from audit.report.inputs import load_run
+    from audit.reporting.build import provenance_section
+    from audit.reporting.images import load_pool_images
+    from audit.reporting.inputs import load_run
     from training.run import open_run
 
     root = make_inat(tmp_path / "data")

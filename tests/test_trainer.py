@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from audit.cli import main
 from training.config import TrainConfig, apply_overrides
-from training.errors import CheckpointError, ConfigError, DataError, UserError
-from training.io import load_safetensors, sha256_file
+from foundation.errors import CheckpointError, ConfigError, DataError, UserError
+from foundation.io import load_safetensors, sha256_file
 from training.run import open_run
 from training.pool import draw_membership
 from training.evaluate import accuracy

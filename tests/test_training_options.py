@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from audit.cli import main
 from training.config import TrainConfig, apply_overrides, dump_config
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.evaluate import accuracy
-from training.io import load_safetensors
+from foundation.io import load_safetensors
 from training.run import open_run
 from training.trainer import train
 

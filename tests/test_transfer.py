@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from audit.transfer.suite import TransferSuite, load_suite, parse_suite
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -137,7 +137,7 @@ def _write_run(run_dir: Path, *, num_classes=4, size=8, seed=0) -> Path:
     """A run directory by hand: weights + manifest, as `audit train` / `audit import` would write them."""
     from datetime import datetime, timezone
 
-    from training.io import fingerprint_arrays, save_safetensors, sha256_file, write_npy
+    from foundation.io import fingerprint_arrays, save_safetensors, sha256_file, write_npy
     from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PrivacyInfo, Provenance,
                                    write_manifest)
 
@@ -184,7 +184,7 @@ def _suite(**kw):
 def test_runner_reports_missing_dataset_as_a_row_and_evaluates_the_rest(tmp_path):
     from audit.transfer.runner import evaluate_transfer
     from audit.transfer.transfer_file import read_transfer_file
-    from training.io import read_json
+    from foundation.io import read_json
 
     run = _write_run(tmp_path / "run")
     data_root = _write_npz_dataset(tmp_path / "colours")
@@ -228,7 +228,7 @@ def test_runner_is_deterministic_and_uses_the_cache(tmp_path):
 
 def test_runner_refuses_tampered_weights(tmp_path):
     from audit.transfer.runner import evaluate_transfer
-    from training.errors import CheckpointError
+    from foundation.errors import CheckpointError
 
     run = _write_run(tmp_path / "run")
     with open(run / "model.safetensors", "ab") as fh:
@@ -358,7 +358,7 @@ def test_finetune_protocol_is_the_one_loop_called_directly(tmp_path, dp, train_b
 
 def test_runner_runs_finetune_protocol(tmp_path):
     from audit.transfer.runner import evaluate_transfer
-    from training.io import read_json
+    from foundation.io import read_json
 
     run = _write_run(tmp_path / "run")
     root = _write_npz_dataset(tmp_path / "d")

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from audit.cli import main
 from training.config import ModelConfig
-from training.errors import ConfigError, UntrustedCodeError
+from foundation.errors import ConfigError, UntrustedCodeError
 from training.models import build_model
 from training.trust import code_in_run, require_code_trust
 

@@ -1,4 +1,4 @@
-"""Tests for audit.epsilon.verdict: VIOLATION only when a lower bound exceeds the claim, honest notes otherwise."""
+"""Tests for audit.bounds.verdict: VIOLATION only when a lower bound exceeds the claim, honest notes otherwise."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pydantic
 import pytest
 
-from audit.epsilon import EpsilonEstimate, Finding, Verdict, VerdictStatus, epsilon_one_run, verdict
+from audit.bounds import EpsilonEstimate, Finding, Verdict, VerdictStatus, epsilon_one_run, verdict
 
 
 def _est(method: str, eps_lb: float, *, ceiling: float = 10.0, alpha: float = 0.05, delta: float = 1e-5,

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from training.errors import DataError
-from training.io import atomic_path, sha256_file
+from foundation.errors import DataError
+from foundation.io import atomic_path, sha256_file
 
 __all__ = ["PACKAGE_FORMAT", "CanaryPackage", "read_package", "write_package", "HEX64"]
 

@@ -23,7 +23,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo, Serialize
                       ValidationError, ValidationInfo, field_validator, model_serializer, model_validator)
 from pydantic_core import PydanticCustomError
 
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 #: Largest ``privacy.target_epsilon``. ε bounds the ratio of any outcome's probability with and without one example
 #: by e^ε: at ε = 100 that is 2.7e43, a guarantee that rules out no attack (deployed DP uses ε ≲ 10), and the
@@ -416,7 +416,7 @@ class TrainConfig(Strict):
 
 # ----------------------------------------------------------------------------------------- loading
 
-from training.config_io import (apply_overrides, format_validation_error, load_yaml, parse_override,  # noqa: E402
+from foundation.config_io import (apply_overrides, format_validation_error, load_yaml, parse_override,  # noqa: E402
                                 safe_load_yaml)
 
 

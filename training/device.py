@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["resolve_device", "is_cuda", "rank_device", "bind_rank", "free_memory_bytes", "synchronize",
            "reset_peak_memory", "peak_memory_bytes", "device_name"]

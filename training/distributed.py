@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import torch
 
 from training.device import bind_rank
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = ["World", "SINGLE", "world_from_env", "current_world", "process_group", "broadcast_object", "agree",
            "all_reduce_sum_", "barrier", "launch_command", "launch"]

@@ -34,7 +34,7 @@ from training.accel import FP32, Accel
 from training.accounting import RdpCurve
 from training.run.state import save_state
 from training.data import ImageSet
-from training.errors import TrainingDiverged
+from foundation.errors import TrainingDiverged
 from training.dp.engine import Stepper, StepStats, make_stepper
 from training.dp.optim import trainable_names
 from training.dp.rng import augment_generator, seed_noise
@@ -42,7 +42,7 @@ from training.dp.sampling import ShardedSampler
 from training.distributed import SINGLE, World, broadcast_object
 from training.evaluate import accuracy
 from training.hessian import HessianMonitor
-from training.io import save_safetensors
+from foundation.io import save_safetensors
 from training.phases import PhaseSpec, carry_optimizer_state, set_trainable
 
 __all__ = ["RunContext", "PhaseResult", "NextPhase", "run_phase", "run_phases", "INIT_WEIGHTS_FILE",

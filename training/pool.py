@@ -22,7 +22,7 @@ from training.canary_package import read_package
 from training.config import CanaryConfig, TrainConfig
 from training.data import ImageSet, SplitRows, load_pool, load_test, split_rows
 from training.data.stream import StreamSet, is_streamed
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["Pool", "build_pool", "draw_membership", "make_canaries"]
 
@@ -124,7 +124,7 @@ def build_pool(cfg: TrainConfig, *, canary_package: str | os.PathLike[str] | Non
     Args:
         cfg: the training config.
         canary_package: where to read the auditor's package named by ``training.canaries.from_file`` (a run
-            directory's own copy, :data:`training.run.files.CANARY_PACKAGE_FILE`); None: the configured path.
+            directory's own copy, :data:`foundation.files.CANARY_PACKAGE_FILE`); None: the configured path.
 
     Raises:
         DataError: the data or the canary package cannot be loaded or does not fit the data.

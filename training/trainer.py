@@ -25,8 +25,8 @@ import torch
 
 from training.accounting import DPPhase, cross_check, default_delta, epsilon_for
 from training.config import ModelConfig, TrainConfig, dump_config
-from training.errors import CheckpointError, UserError
-from training.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json,
+from foundation.errors import CheckpointError, UserError
+from foundation.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json,
                          write_npy, write_text)
 from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
@@ -38,12 +38,12 @@ from training.accel import Accel, recipe_record
 from training.evaluate import accuracy
 from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
-from training.run.files import CANARY_PACKAGE_FILE, CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR
+from foundation.files import CANARY_PACKAGE_FILE, CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR
 from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, read_manifest,
                                    write_manifest)
 from training.run.state import clear_state, has_state, load_state
 from training.run.write import write_membership, write_weights
-from training.run.lock import LOCK_FILE, run_lock
+from foundation.lock import LOCK_FILE, run_lock
 
 __all__ = ["TrainResult", "train", "SECURE_MODE_NOTE"]
 

@@ -29,7 +29,7 @@ safetensors or with ``torch.load(weights_only=True)``.
 >>> require_code_trust(run, trust_code=False)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-training.errors.UntrustedCodeError: run dir ... (model.arch = 'os:system' in manifest.json); refusing ... --trust-code ...
+foundation.errors.UntrustedCodeError: run dir ... (model.arch = 'os:system' in manifest.json); refusing ... --trust-code ...
 >>> require_code_trust(run, trust_code=True).to_dict()
 {'trust_code': True, 'names_code': ["model.arch = 'os:system' in manifest.json"]}
 """
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.errors import UntrustedCodeError
+from foundation.errors import UntrustedCodeError
 from training.models import names_code
-from training.run.files import CONFIG_FILE, MANIFEST_FILE
+from foundation.files import CONFIG_FILE, MANIFEST_FILE
 
 __all__ = ["CodeRef", "CodeTrust", "code_in_run", "require_code_trust", "TRUST_FLAG"]
 

@@ -40,8 +40,8 @@ from audit.canaries.secret import CanarySecret
 from training.data import to_float_tensor
 from training.dp.batched import train_many
 from training.dp.recipe import TrainRecipe
-from training.errors import UserError
-from training.io import (fingerprint_arrays, read_json, save_safetensors, sha256_bytes, sha256_file, write_json,
+from foundation.errors import UserError
+from foundation.io import (fingerprint_arrays, read_json, save_safetensors, sha256_bytes, sha256_file, write_json,
                          write_npy)
 from training.run import VerifiedRun
 

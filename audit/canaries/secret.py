@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from training.canary_package import HEX64, write_package
-from training.errors import CheckpointError, UserError
-from training.io import atomic_path, fingerprint_arrays, sha256_file, write_text
+from foundation.errors import CheckpointError, UserError
+from foundation.io import atomic_path, fingerprint_arrays, sha256_file, write_text
 
 __all__ = ["SECRET_FORMAT", "KINDS", "CanarySecret", "make_canaries", "content_digest", "commitment_of",
            "verify_secret", "write_canaries", "read_secret", "PACKAGE_NAME", "SECRET_NAME", "COMMITMENT_NAME"]

@@ -1,7 +1,7 @@
 """`audit gate BASELINE CANDIDATE --policy POLICY`: a CI gate over two run directories.
 
 Exit codes: 0 every rule passed; 1 a rule failed; 2 bad input (missing files, unknown policy keys, runs that
-cannot be compared). The library function is :func:`audit.api.gate` (``audit.gate(...)``), over :func:`audit.gate.evaluate_gate`.
+cannot be compared). The library function is :func:`audit.api.gate` (``audit.gate(...)``), over :func:`audit.gating.evaluate_gate`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from audit.api import gate
-from audit.gate import GateResult
+from audit.gating import GateResult
 
 
 def print_gate(result: GateResult, *, file=None) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 
 @click.command(name="import")

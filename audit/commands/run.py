@@ -38,7 +38,7 @@ def command(config: str, overrides: tuple[str, ...], variants: tuple[str, ...], 
     from rich.console import Console
     from rich.table import Table
 
-    from training.errors import ConfigError
+    from foundation.errors import ConfigError
 
     chosen = tuple(s.strip() for s in steps.split(",") if s.strip())
     unknown = [s for s in chosen if s not in STEPS]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from training.io import fingerprint_arrays
+from foundation.io import fingerprint_arrays
 from training.pool import draw_membership
 
 __all__ = ["CanaryDataset"]

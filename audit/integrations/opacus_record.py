@@ -6,7 +6,7 @@ that ``audit epsilon`` and ``audit report`` read like any other:
 * ``model.safetensors`` (the user's module, unwrapped from Opacus) and ``model_init.safetensors`` (θ_0, the
   trainable parameters when the auditor attached);
 * ``gradient_canaries.npy`` (inclusion mask) and the manifest record ``training.gradient_canaries`` (count, seed,
-  parameter order, q, T, θ_0 and their sha256s) that :func:`audit.epsilon.sources.gradient_canary_evidence` reads;
+  parameter order, q, T, θ_0 and their sha256s) that :func:`audit.bounds.sources.gradient_canary_evidence` reads;
 * ``input_canaries.npz`` (the canaries' inputs, labels and their scaled logits under the final model, scored in
   the user's process because the user's model class is not rebuilt by auditors) when a
   :class:`~audit.integrations.canary_dataset.CanaryDataset` was used;
@@ -29,11 +29,11 @@ import numpy as np
 from torch import nn
 
 from training.config import ModelConfig
-from training.errors import CheckpointError
-from training.io import check_output_dir, save_safetensors, sha256_file, write_json, write_npy, write_npz
+from foundation.errors import CheckpointError
+from foundation.io import check_output_dir, save_safetensors, sha256_file, write_json, write_npy, write_npz
 from training.loop import INIT_WEIGHTS_FILE
 from training.models import count_parameters
-from training.run.files import MANIFEST_FILE, METRICS_FILE
+from foundation.files import MANIFEST_FILE, METRICS_FILE
 from training.run.manifest import Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, write_manifest
 from training.run.write import write_membership, write_weights
 
@@ -220,7 +220,7 @@ def write_run(auditor: OpacusAuditor, model: nn.Module, *, test_accuracy: float 
 
 
 def _size_fingerprint(n: int) -> str:
-    from training.io import fingerprint_arrays
+    from foundation.io import fingerprint_arrays
 
     return fingerprint_arrays(np.array([n], dtype=np.int64))
 

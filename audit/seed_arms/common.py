@@ -174,7 +174,7 @@ def load_arm_data(scale: ArmScale, *, downstream: bool = False, device: torch.de
     Raises:
         DataError: the dataset is missing or smaller than ``private + public + val``.
     """
-    from training.errors import DataError
+    from foundation.errors import DataError
     from training.recipes.common import HELD_OUT_SEED, held_out_batch
 
     name, root = (scale.downstream, scale.downstream_root) if downstream else (scale.dataset, scale.root)

@@ -59,7 +59,7 @@ def adopt_cached(src: str | Path, cache: str | Path, key: dict[str, Any], *, pre
         ValueError: ``src`` holds no cache key, or was trained with other settings, images, seed or rate (the
             fields that differ are named).
     """
-    from training.io import load_safetensors, save_safetensors, waiting_lock
+    from foundation.io import load_safetensors, save_safetensors, waiting_lock
 
     src = Path(src)
     try:
@@ -105,7 +105,7 @@ def cached_fit(cache: str | Path | None, key: dict[str, Any], make: Callable[[],
     replaced. No cache: plain training. Safetensors only: nothing is unpickled."""
     if cache is None:
         return fit(make())
-    from training.io import load_safetensors, save_safetensors, waiting_lock
+    from foundation.io import load_safetensors, save_safetensors, waiting_lock
 
     text = json.dumps(key, sort_keys=True)
     path = cache_path(cache, key, prefix=prefix)

@@ -38,7 +38,7 @@ from audit.transfer.features import FINAL_LAYER, extract_features
 from training.accounting import DPPhase, default_delta, epsilon_for
 from training.config import OptimConfig, PrivacyConfig
 from training.data import ImageSet
-from training.errors import DataError
+from foundation.errors import DataError
 from training.recipes.budget import PhaseBudget
 from training.recipes.finetune import finetune, finetune_phases, new_head
 

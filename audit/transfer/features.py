@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.io import write_npz
+from foundation.io import write_npz
 
 __all__ = [
     "FINAL_LAYER",

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from audit.transfer.probes import DEFAULT_C_GRID
 from training.config import MAX_IMAGE_SIZE, Strict, apply_overrides, load_yaml
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = [
     "TransferDataset",
@@ -197,7 +197,7 @@ def parse_suite(data: dict[str, Any], *, source: str = "transfer suite") -> Tran
     >>> parse_suite({"datasets": [{"name": "digits", "rot": "/d"}]})
     Traceback (most recent call last):
     ...
-    training.errors.ConfigError: transfer suite: unknown key 'datasets.0.rot' (valid keys here: label, name, \
+    foundation.errors.ConfigError: transfer suite: unknown key 'datasets.0.rot' (valid keys here: label, name, \
 root, test_limit, test_split, train_limit, train_split); did you mean 'root'?
     """
     try:

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from training.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
 
 __all__ = ["TRANSFER_FORMAT", "TRANSFER_FILE", "Accuracy", "LinearProbeEntry", "KnnEntry", "FinetuneEntry",
            "ProtocolError", "LayerEntry", "DecayEntry", "Diagnostics", "SplitInfo", "TransferRow", "TransferFile",

@@ -12,7 +12,7 @@ from training.accounting.epsilon import (
     epsilon_of_active,
 )
 from training.accounting.sigma_cache import cache_dir, cached_sigma
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = ["noise_multiplier_for"]
 

@@ -6,7 +6,7 @@ import math
 import numbers
 
 from training.accounting.epsilon import check_delta_value
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = ["default_delta", "check_delta", "steps_for_epochs"]
 

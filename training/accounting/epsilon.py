@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.errors import UserError
+from foundation.errors import UserError
 
 __all__ = [
     "ACCOUNTANTS",

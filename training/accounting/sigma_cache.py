@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.io import waiting_lock
+from foundation.io import waiting_lock
 
 __all__ = ["SIGMA_CACHE_ENV", "cached_sigma", "cache_dir"]
 

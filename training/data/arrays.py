@@ -24,7 +24,7 @@ import numpy as np
 from training.data.catalog import Catalog, array_catalog
 from training.data.imageset import check_image_arrays
 from training.data.spec import DatasetSpec, MissingData
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["MIN_CLASS_BOUND", "implied_classes", "read_npz", "read_classes", "find_split_file", "npz_dir_catalog", "open_npz", "NPZ"]
 
@@ -46,7 +46,7 @@ def implied_classes(y: np.ndarray, *, name: str, source: str | Path) -> int:
     >>> implied_classes(np.array([0, 10**9]), name="npz", source="a.npz")
     Traceback (most recent call last):
     ...
-    training.errors.DataError: npz: label 1000000000 in a.npz implies 1000000001 classes for 2 examples (at most 1000 without class names); labels must be 0..K-1: renumber them, or list the class names in classes.txt beside the file
+    foundation.errors.DataError: npz: label 1000000000 in a.npz implies 1000000001 classes for 2 examples (at most 1000 without class names); labels must be 0..K-1: renumber them, or list the class names in classes.txt beside the file
     """
     if not len(y):
         return 0

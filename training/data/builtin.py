@@ -26,7 +26,7 @@ import numpy as np
 from training.data.catalog import Catalog, array_catalog
 from training.data.imageset import ImageSet
 from training.data.spec import DatasetSpec
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["DIGITS", "SYNTHETIC", "digits_split_indices", "load_synthetic_split"]
 

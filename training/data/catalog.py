@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from training.data.imageset import ImageSet, fit_image, resize_images
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["Catalog", "FileFetch", "array_catalog", "file_catalog", "limit_indices", "check_labels", "DEFAULT_DECODE_SIZE"]
 

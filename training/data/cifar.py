@@ -27,7 +27,7 @@ from training.data.arrays import find_split_file, npz_dir_catalog
 from training.data.catalog import Catalog, array_catalog
 from training.data.safe_pickle import load_restricted
 from training.data.spec import DatasetSpec, MissingData
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["CIFAR10", "CIFAR100", "cifar_rows_to_images", "read_cifar_batch"]
 

@@ -35,7 +35,7 @@ import numpy as np
 from training.data.arrays import find_split_file, npz_dir_catalog, read_classes
 from training.data.catalog import Catalog, file_catalog
 from training.data.spec import DatasetSpec, MissingData
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["FOOD101", "PLACES365", "INAT2021", "places_class_name"]
 

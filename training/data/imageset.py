@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from training.io import fingerprint_arrays
+from foundation.io import fingerprint_arrays
 
 __all__ = ["ImageSet", "check_image_arrays", "to_float_tensor", "fit_image", "resize_images", "concat_sets"]
 

@@ -29,7 +29,7 @@ from training.data.catalog import Catalog
 from training.data.imageset import ImageSet
 from training.data.stream import StreamSet, decide_stream
 from training.data.registry import DATASETS
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["SplitRows", "load_pool", "load_test", "pool_indices", "split_rows"]
 

@@ -11,7 +11,7 @@ Nothing is ever downloaded unless ``download=True``.
 >>> load_dataset("cifar11")
 Traceback (most recent call last):
 ...
-training.errors.DataError: unknown dataset 'cifar11'; valid names: digits, synthetic, npz, cifar10, cifar100, svhn, food101, places365, inat2021 (did you mean 'cifar10'?)
+foundation.errors.DataError: unknown dataset 'cifar11'; valid names: digits, synthetic, npz, cifar10, cifar100, svhn, food101, places365, inat2021 (did you mean 'cifar10'?)
 """
 
 from __future__ import annotations

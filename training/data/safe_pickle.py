@@ -2,7 +2,7 @@
 
 The CIFAR-10/100 "python version" files are pickles, and ``pickle.load`` on a pickle runs whatever callable
 it names (``os.system`` included). :class:`RestrictedUnpickler` resolves only the few globals that a pickled
-numpy array needs and refuses every other one with a :class:`~training.errors.DataError`:
+numpy array needs and refuses every other one with a :class:`~foundation.errors.DataError`:
 
 * ``numpy.core.multiarray._reconstruct`` / ``numpy._core.multiarray._reconstruct`` (the array constructor),
 * ``numpy.ndarray`` (passed to it), ``numpy.dtype`` (object dtypes refused),
@@ -18,7 +18,7 @@ array payloads; keys come back as ``str`` for those files and ``bytes`` for Pyth
 >>> load_restricted(io.BytesIO(pickle.dumps(print)), source="demo")
 Traceback (most recent call last):
 ...
-training.errors.DataError: refusing to unpickle demo: it references builtins.print, which is not part of a numpy array; the file is corrupt or malicious (re-download it)
+foundation.errors.DataError: refusing to unpickle demo: it references builtins.print, which is not part of a numpy array; the file is corrupt or malicious (re-download it)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["RestrictedUnpickler", "load_restricted"]
 

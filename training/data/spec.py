@@ -4,7 +4,7 @@ A :class:`DatasetSpec` names the splits a dataset has, the on-disk layout it exp
 messages) and an ``open`` function that returns a :class:`~training.data.catalog.Catalog` for one split.
 Everything else (split aliases, the missing-root and missing-files errors, downloading, ``limit``) is done
 here once, so every entry behaves the same. Loaders signal absent data by raising :class:`MissingData`
-with the path they tried; the spec turns it into one :class:`~training.errors.DataError` line that names the
+with the path they tried; the spec turns it into one :class:`~foundation.errors.DataError` line that names the
 dataset, the path and the expected layout.
 
 >>> reg = Registry()
@@ -15,7 +15,7 @@ dataset, the path and the expected layout.
 >>> reg["nope"]
 Traceback (most recent call last):
 ...
-training.errors.DataError: unknown dataset 'nope'; valid names: toy
+foundation.errors.DataError: unknown dataset 'nope'; valid names: toy
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from training.data.catalog import Catalog, limit_indices
 from training.data.imageset import ImageSet
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["DatasetSpec", "Registry", "MissingData"]
 

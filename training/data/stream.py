@@ -16,9 +16,9 @@ What stays the same as the in-memory path:
   ``indices(step)``; nothing here samples), so DP sampling and accounting are untouched and a resumed run's
   step t sees the uninterrupted run's batch; worker processes return batches in order;
 * the pixels (the same :func:`~training.data.catalog.decode_image`) and so the fingerprint, computed in chunks by
-  :class:`training.io.ArrayFingerprint`, byte-for-byte the in-memory ``fingerprint_arrays(x, y)``.
+  :class:`foundation.io.ArrayFingerprint`, byte-for-byte the in-memory ``fingerprint_arrays(x, y)``.
 
-An unreadable file stops the stream with a one-line :class:`~training.errors.DataError` naming it.
+An unreadable file stops the stream with a one-line :class:`~foundation.errors.DataError` naming it.
 
 >>> decide_stream("auto", file_backed=True, nbytes=MEMORY_BUDGET_BYTES + 1), decide_stream(True, file_backed=False,
 ...     nbytes=1)
@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from training.data.imageset import ImageSet
 from training.device import is_cuda
-from training.errors import DataError
-from training.io import ArrayFingerprint
+from foundation.errors import DataError
+from foundation.io import ArrayFingerprint
 
 __all__ = ["RowArray", "StreamSet", "decide_stream", "is_streamed", "MEMORY_BUDGET_BYTES", "CHUNK_ROWS"]
 

@@ -22,7 +22,7 @@ import numpy as np
 from training.data.arrays import find_split_file, npz_dir_catalog
 from training.data.catalog import Catalog, array_catalog
 from training.data.spec import DatasetSpec, MissingData
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["SVHN", "svhn_arrays"]
 

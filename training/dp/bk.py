@@ -37,7 +37,7 @@ from torch import nn
 
 from training.dp import bk_layers as L
 from training.dp.clipping import _StepperHooks, automatic_clip_factors, flat_clip_factors, per_layer_norms
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["BKModule", "BKDPOptimizer", "supported_kind"]
 

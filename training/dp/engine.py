@@ -43,7 +43,7 @@ from training.dp.optim import build_optimizer
 from training.dp.recipe import TrainRecipe
 from training.dp.stepper import LossFn, StepStats, Stepper, _Criterion, cross_entropy_per_example
 from training.distributed import SINGLE, World
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.models.dp_compat import opacus_inexact_layers
 
 __all__ = ["StepStats", "Stepper", "make_stepper", "cross_entropy_per_example"]

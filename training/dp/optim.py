@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from training.config import OptimConfig
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["build_optimizer", "lr_scale_of", "trainable_names", "set_lr"]
 

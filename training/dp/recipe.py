@@ -24,7 +24,7 @@ from typing import Literal
 
 from training.config import AugmentConfig, EMAConfig, OptimConfig, PrivacyConfig, TrainConfig, TrainingConfig
 from training.dp.schedules import lr_at
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["TrainRecipe", "training_options"]
 

@@ -26,7 +26,7 @@ from training.dp.ema import ema_update_
 from training.dp.optim import set_lr
 from training.dp.recipe import TrainRecipe
 from training.distributed import SINGLE, World, all_reduce_sum_
-from training.errors import CheckpointError
+from foundation.errors import CheckpointError
 
 __all__ = ["StepStats", "Stepper", "cross_entropy_per_example", "LossFn", "STATE_FORMAT"]
 

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from training.config import ModelConfig
-from training.errors import CheckpointError, ConfigError, UntrustedCodeError
+from foundation.errors import CheckpointError, ConfigError, UntrustedCodeError
 from training.models.classifier import ImageClassifier, has_timm_protocol
 from training.models.opacus_compat import make_opacus_safe
 from training.models.dp_compat import (

@@ -26,7 +26,7 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.models.small import group_count
 
 __all__ = ["replace_batchnorm", "dp_issues", "apply_freeze", "batchnorm_layers", "frozen_parameters",

@@ -34,7 +34,7 @@ from timm.models import is_model, is_model_in_modules
 from timm.models.resnet import ResNet
 from torch import nn
 
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["is_timm_model", "create_timm_model", "SMALL_INPUT_MAX", "VIT_MODULES", "FORBIDDEN_KWARGS"]
 

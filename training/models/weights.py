@@ -1,6 +1,6 @@
 """Read weights files safely and load them into networks strictly.
 
-``.safetensors`` files are read with :func:`training.io.load_safetensors`; ``.pt``/``.pth``/``.th``/``.bin``
+``.safetensors`` files are read with :func:`foundation.io.load_safetensors`; ``.pt``/``.pth``/``.th``/``.bin``
 files with ``torch.load(..., weights_only=True)``, which refuses arbitrary pickled objects. Wrappers such as
 ``{"state_dict": ...}`` (e.g. the public CIFAR ResNet-20 checkpoints) or ``{"model": ...}`` are unwrapped and
 the ``module.`` prefix that DataParallel adds is removed.
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from training.errors import CheckpointError
-from training.io import load_safetensors
+from foundation.errors import CheckpointError
+from foundation.io import load_safetensors
 
 __all__ = ["load_weights_file", "strip_prefix", "key_mismatch", "load_state_strict", "TORCH_SUFFIXES"]
 

@@ -26,7 +26,7 @@ import functools
 from dataclasses import dataclass
 
 from training.accounting import DPPhase, epsilon_for, noise_multiplier_for
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["PhaseBudget", "split_steps", "split_budget", "sigma_for_remaining"]
 

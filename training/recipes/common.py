@@ -20,7 +20,7 @@ from training.accounting import noise_multiplier_for
 from training.config import ModelConfig, TrainConfig
 from training.data import ImageSet, to_float_tensor
 from training.dp.rng import Stream, derive_seed
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.hessian import HessianMonitor
 from training.run.manifest import PhaseInfo
 from training.pool import Pool, draw_membership

@@ -34,7 +34,7 @@ from torch import nn
 
 from training.config import PrivacyConfig
 from training.dp.rng import Stream, derive_seed
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 from training.evaluate import mean_loss
 from training.hessian import decelerator, model_hessian_trace
 from training.run.manifest import PhaseInfo

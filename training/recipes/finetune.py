@@ -42,8 +42,8 @@ from torch import nn
 from training.config import ModelConfig, OptimConfig, PrivacyConfig, TrainingConfig
 from training.dp.engine import StepStats
 from training.dp.rng import Stream, derive_seed
-from training.errors import CheckpointError, ConfigError, DataError, UserError
-from training.io import sha256_file
+from foundation.errors import CheckpointError, ConfigError, DataError, UserError
+from foundation.io import sha256_file
 from training.run import open_run
 from training.run.manifest import PhaseInfo
 from training.models import build_model, load_weights_file

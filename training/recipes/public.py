@@ -22,7 +22,7 @@ import numpy as np
 
 from training.config import DataConfig
 from training.data import ImageSet, RowArray, load_pool, load_test
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["PublicData", "overlap_mask", "load_public"]
 

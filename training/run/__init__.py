@@ -1,7 +1,7 @@
 """The run directory: its file names, the manifest, resumable state, imported checkpoints, verified opening and
 whether outputs are current. Every reader and writer of a run directory goes through this package.
 
-* :mod:`training.run.files`: the file names (``manifest.json``, ``model.safetensors``, ``config.yaml``, ...).
+* :mod:`foundation.files`: the file names (``manifest.json``, ``model.safetensors``, ``config.yaml``, ...).
 * :mod:`training.run.manifest`: the manifest schema, :func:`build_manifest`, :func:`write_manifest`.
 * :mod:`training.run.state`: resumable training state (``state/checkpoint.pt``).
 * :mod:`training.run.imported`: ``import.json`` and the pool of an imported checkpoint.
@@ -11,10 +11,10 @@ whether outputs are current. Every reader and writer of a run directory goes thr
 * :mod:`training.run.population`: the attacks' population samples (test split + the training split outside the
   pool, or an import's hold-out), checked against the manifest.
 * :mod:`training.run.freshness`: one rule for "is this output still current".
-* :mod:`training.run.lock`: one writer per run directory at a time (``.lock``).
+* :mod:`foundation.lock`: one writer per run directory at a time (``.lock``).
 """
 
-from training.run.files import (CONFIG_FILE, IMPORT_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, STATE_FILE,
+from foundation.files import (CONFIG_FILE, IMPORT_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, STATE_FILE,
                                 TB_DIR, WEIGHTS_FILE, has_recipe, is_complete)
 from training.run.freshness import identity, inputs_digest, inputs_record, is_current
 from training.run.imported import IMPORT_FORMAT

@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from training.io import sha256_bytes
+from foundation.io import sha256_bytes
 from training.run.manifest import Manifest
 from training.run.verified import VerifiedRun
 

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from training.data import ImageSet, concat_sets, load_dataset
-from training.errors import CheckpointError, DataError
-from training.io import read_json
-from training.run.files import CONFIG_FILE, IMPORT_FILE
+from foundation.errors import CheckpointError, DataError
+from foundation.io import read_json
+from foundation.files import CONFIG_FILE, IMPORT_FILE
 from training.run.manifest import Manifest
 
 __all__ = ["IMPORT_FORMAT", "load_source", "combine_import_sets", "pool_from_import", "pool_from_manifest",

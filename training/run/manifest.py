@@ -19,9 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from training.config import DataConfig, ModelConfig
-from training.errors import CheckpointError
-from training.io import read_json, write_json
-from training.run.files import CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, WEIGHTS_FILE
+from foundation.errors import CheckpointError
+from foundation.io import read_json, write_json
+from foundation.files import CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, WEIGHTS_FILE
 
 MANIFEST_FORMAT = "dp-audit-manifest/1"
 
@@ -85,7 +85,7 @@ class DataInfo(_M):
     pool_size: int
     pool_seed: int | None = None
     pool_subset: bool = False
-    pool_fingerprint: str = Field(description="sha256 over the pool's x and y arrays (training.io.fingerprint_arrays)")
+    pool_fingerprint: str = Field(description="sha256 over the pool's x and y arrays (foundation.io.fingerprint_arrays)")
     split_size: int | None = Field(None, description="examples in data.split when the pool was drawn from it "
                                                      "(absent: imported runs and older manifests)")
     split_labels_sha256: str | None = Field(None, description="sha256 over data.split's size and labels "

@@ -30,7 +30,7 @@ import numpy as np
 
 from training.data import ImageSet, SplitRows, concat_sets
 from training.data.stream import StreamSet, is_streamed
-from training.errors import CheckpointError
+from foundation.errors import CheckpointError
 
 if TYPE_CHECKING:
     from training.run.verified import VerifiedRun

@@ -1,7 +1,7 @@
 """Read one file of a run directory and check it against the manifest (the pieces :func:`~training.run.open_run`
 assembles into a :class:`~training.run.VerifiedRun`): weights, membership, config.yaml.
 
-Each reader raises a :class:`~training.errors.CheckpointError` (or :class:`~training.errors.ConfigError`) with one
+Each reader raises a :class:`~foundation.errors.CheckpointError` (or :class:`~foundation.errors.ConfigError`) with one
 line that names the file and how to fix it.
 """
 
@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from training.config import TrainConfig
-from training.errors import CheckpointError, ConfigError
-from training.io import sha256_bytes
-from training.run.files import CONFIG_FILE
+from foundation.errors import CheckpointError, ConfigError
+from foundation.io import sha256_bytes
+from foundation.files import CONFIG_FILE
 from training.run.manifest import Manifest
 
 __all__ = ["read_weights", "decode_weights", "check_finite_weights", "read_membership", "read_config",

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from training.errors import CheckpointError
-from training.io import atomic_path
-from training.run.files import STATE_FILE
+from foundation.errors import CheckpointError
+from foundation.io import atomic_path
+from foundation.files import STATE_FILE
 
 __all__ = [
     "STATE_FILE",

@@ -30,10 +30,10 @@ import torch
 
 from training.config import TrainConfig
 from training.data import ImageSet, SplitRows
-from training.errors import CheckpointError
-from training.io import sha256_bytes, sha256_file
+from foundation.errors import CheckpointError
+from foundation.io import sha256_bytes, sha256_file
 from training.pool import Pool
-from training.run.files import CANARY_PACKAGE_FILE, CONFIG_FILE, IMPORT_FILE, METRICS_FILE
+from foundation.files import CANARY_PACKAGE_FILE, CONFIG_FILE, IMPORT_FILE, METRICS_FILE
 from training.run.imported import pool_from_import, pool_from_manifest, read_import_record
 from training.run.manifest import Manifest, model_config, read_manifest
 from training.run.readers import (parse_yaml, check_finite_weights, decode_weights, read_config, read_membership,
@@ -334,7 +334,7 @@ def open_run(run_dir: str | os.PathLike[str], *, trust_code: bool = False, verif
     >>> open_run("/nonexistent/run")
     Traceback (most recent call last):
     ...
-    training.errors.CheckpointError: run directory not found: /nonexistent/run
+    foundation.errors.CheckpointError: run directory not found: /nonexistent/run
     """
     path = Path(run_dir)
     if not path.is_dir():

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from training.io import atomic_path, sha256_bytes
-from training.run.files import MEMBERSHIP_FILE, WEIGHTS_FILE
+from foundation.io import atomic_path, sha256_bytes
+from foundation.files import MEMBERSHIP_FILE, WEIGHTS_FILE
 
 __all__ = ["write_weights", "write_membership"]
 
@@ -38,7 +38,7 @@ def write_membership(run_dir: str | os.PathLike[str], mask: np.ndarray) -> str:
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
-    ...     from training.io import sha256_file
+    ...     from foundation.io import sha256_file
     ...     sha = write_membership(d, np.array([True, False]))
     ...     sha == sha256_file(Path(d) / MEMBERSHIP_FILE)
     True

@@ -39,7 +39,7 @@ from training.dp.batched.engine import BatchedTrainer, check_model, check_recipe
 from training.dp.batched.single import train_single
 from training.dp.recipe import TrainRecipe
 from training.dp.rng import seeded_init
-from training.errors import DataError
+from foundation.errors import DataError
 
 __all__ = ["train_many", "train_one", "fits_batched", "batched_memory_bytes", "TrainRecipe", "BatchedTrainer"]
 

@@ -39,7 +39,7 @@ from training.dp.optim import build_optimizer, set_lr, trainable_names
 from training.dp.recipe import TrainRecipe
 from training.dp.rng import augment_generator, noise_generator, seeded_init
 from training.dp.sampling import BatchSampler, make_sampler
-from training.errors import ConfigError
+from foundation.errors import ConfigError
 
 __all__ = ["BatchedTrainer", "check_model", "check_recipe", "member_samplers", "draw_noise", "augmented_batch",
            "copies_loss"]

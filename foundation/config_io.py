@@ -1,0 +1,163 @@
+"""Reading configs: YAML without surprises (``yaml.safe_load``, duplicate keys refused), ``--set`` overrides, and
+one-line messages for validation errors. :mod:`training.config` re-exports these names.
+
+>>> apply_overrides({"a": {"b": 1}}, ["a.c=2"])
+{'a': {'b': 1, 'c': 2}}
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from foundation.errors import ConfigError
+
+__all__ = ["safe_load_yaml", "load_yaml", "parse_override", "apply_overrides", "format_validation_error"]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (YAML would silently keep the last value)", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_yaml(text: str | bytes) -> Any:
+    """``yaml.safe_load`` of ``text`` (bytes must be UTF-8), refusing duplicate keys; builds no Python objects.
+
+    >>> safe_load_yaml("{a: 1, b: [2, 3]}")
+    {'a': 1, 'b': [2, 3]}
+    >>> safe_load_yaml("{a: 1, a: 2}")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    yaml.constructor.ConstructorError: duplicate key 'a' (YAML would silently keep the last value)
+    ...
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # "[[[[...]]]]" nested deeper than the parser's stack
+        raise yaml.YAMLError("nested too deeply to be a config") from None
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML mapping with ``yaml.safe_load``; a missing or malformed file is a :class:`ConfigError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (pass a YAML file, e.g. eval_configs/quickstart.yaml)")
+    try:
+        data = safe_load_yaml(path.read_bytes())
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        raise ConfigError(f"config file {path} is empty; it must hold a mapping of sections")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value`` into (["a", "b", "c"], value); the value is read as YAML (numbers, lists, null).
+
+    >>> parse_override("privacy.target_epsilon=4")
+    (['privacy', 'target_epsilon'], 4)
+    """
+    if "=" not in text:
+        raise ConfigError(f"--set expects KEY=VALUE (e.g. privacy.target_epsilon=4), got {text!r}")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set has an empty key in {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...] | dict[str, Any]) -> dict[str, Any]:
+    """Return a deep copy of ``data`` with dotted overrides applied (``["a.b=1"]`` or ``{"a.b": 1}``)."""
+    out = copy.deepcopy(data)
+    items = (
+        [(k.split("."), v) for k, v in overrides.items()]
+        if isinstance(overrides, dict)
+        else [parse_override(o) for o in overrides]
+    )
+    for parts, value in items:
+        node = out
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"cannot set {'.'.join(parts)}: {p} is a value, not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def _unwrap_model(annotation: Any) -> Any:
+    """The BaseModel class inside ``X``, ``X | None``, ``list[X]``, ``tuple[X, ...]`` or ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _unwrap_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The config class that owns the last element of ``loc`` (for listing valid keys)."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):  # a list item: the owner is the list's element type, already unwrapped
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = _unwrap_model(field.annotation)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:
+    """One line naming the first problem: the dotted key, what is allowed, and what was received."""
+    msgs = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            owner = _model_at(model, loc)
+            valid = sorted(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            msgs.append(f"unknown key '{key}' (valid keys here: {', '.join(valid)}){hint}")
+        elif err["type"] == "value_error":
+            msgs.append(str(err["msg"]).removeprefix("Value error, "))
+        else:
+            got = err.get("input")
+            got_s = "" if isinstance(got, dict) else f", got {got!r}"
+            msgs.append(f"{key}: {err['msg']}{got_s}")
+    return f"{source}: " + "; ".join(msgs[:3]) + (f" (+{len(msgs) - 3} more)" if len(msgs) > 3 else "")
