@@ -21,9 +21,11 @@ The steps' machinery lives in :mod:`audit.bounds` (ε lower bounds and the verdi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from foundation.config_io import Override, Overrides
 
 if TYPE_CHECKING:
     from attacks.runner import AttackResult
@@ -37,34 +39,21 @@ __all__ = ["train", "attack", "epsilon", "report", "gate", "as_overrides"]
 PathLike = str | os.PathLike[str]
 
 
-def as_overrides(overrides: Sequence[str] | Mapping[str, Any] | None) -> tuple[str, ...]:
-    """``--set`` values from a list of ``"key=value"`` strings or a ``{key: value}`` mapping (values as YAML).
+def as_overrides(overrides: Overrides) -> tuple[Override, ...]:
+    """Typed ``(parts, value)`` overrides from a list of ``"key=value"`` strings (``--set``: values read as YAML
+    scalars) or a ``{key: value}`` mapping (values kept as given, never re-parsed from text).
 
-    >>> as_overrides({"privacy.target_epsilon": 4, "model.freeze": ["head.*"], "privacy.enabled": False})
-    ('privacy.target_epsilon=4', 'model.freeze=[head.*]', 'privacy.enabled=false')
+    >>> as_overrides({"data.root": "/data/set #2", "privacy.enabled": False})
+    ((('data', 'root'), '/data/set #2'), (('privacy', 'enabled'), False))
     >>> as_overrides(["training.steps=10"])
-    ('training.steps=10',)
+    ((('training', 'steps'), 10),)
     """
-    if overrides is None:
-        return ()
-    if isinstance(overrides, Mapping):
-        import json
+    from foundation.config_io import to_overrides
 
-        return tuple(f"{k}={json.dumps(v) if isinstance(v, (bool, type(None))) else _yaml_flow(v)}"
-                     for k, v in overrides.items())
-    if isinstance(overrides, str):
-        raise TypeError("overrides must be a list of 'key=value' strings or a mapping, got one string; "
-                        "wrap it in a list")
-    return tuple(str(o) for o in overrides)
+    return to_overrides(overrides)
 
 
-def _yaml_flow(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_yaml_flow(v) for v in value) + "]"
-    return str(value)
-
-
-def train(config: PathLike, *, overrides: Sequence[str] | Mapping[str, Any] | None = None, variant: str | None = None,
+def train(config: PathLike, *, overrides: Overrides = None, variant: str | None = None,
           resume: bool = False, overwrite: bool = False, download: bool = False, progress: bool | None = False,
           command: str | None = None, warn: Any = None) -> TrainResult:
     """``audit train CONFIG``: train one model (DP or not) and write its run directory.
@@ -83,12 +72,14 @@ def train(config: PathLike, *, overrides: Sequence[str] | Mapping[str, Any] | No
     from training.distributed import process_group, world_from_env
     from training.trainer import train as _train
 
-    extra = list(as_overrides(overrides)) + (["data.download=true"] if download else [])
+    from foundation.config_io import override_text
+
+    extra = as_overrides(overrides) + (((("data", "download"), True),) if download else ())
     cfg = select_variant(load_run_config(config, extra), variant).train_config()
     if command is None:
         import shlex
 
-        command = shlex.join(["audit", "train", str(config), *(a for o in extra for a in ("--set", o)),
+        command = shlex.join(["audit", "train", str(config), *(a for o in extra for a in ("--set", override_text(o))),
                               *(["--variant", variant] if variant else [])])
     with process_group(world_from_env(), device=cfg.training.device):  # one process, or a torchrun rank
         return _train(cfg, resume=resume, overwrite=overwrite, progress=progress, command=command,
@@ -96,7 +87,7 @@ def train(config: PathLike, *, overrides: Sequence[str] | Mapping[str, Any] | No
 
 
 def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None = None,
-           overrides: Sequence[str] | Mapping[str, Any] | None = None, retrain_shadows: bool = False,
+           overrides: Overrides = None, retrain_shadows: bool = False,
            executor: str | None = None, ray_address: str | None = None, workers: int | None = None,
            progress: bool = False, trust_code: bool = False,
            note: Callable[[str], None] | None = None) -> AttackResult:
@@ -124,8 +115,8 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
     given = as_overrides(overrides)
     if ray_address is not None and executor is None:
         executor = "ray"
-    extra = tuple([f"attack.executor={executor}"] * (executor is not None) + [f"attack.workers={workers}"] * (
-        workers is not None) + [f"attack.ray_address={ray_address}"] * (ray_address is not None))
+    extra = tuple((("attack", key), value) for key, value in
+                  (("executor", executor), ("workers", workers), ("ray_address", ray_address)) if value is not None)
     cfg = resolve_attack_config(run_dir=run, config_path=config, variant=variant, overrides=given + extra)
     cfg, why = fit_to_run(cfg, has_recipe=has_recipe(run), attacks_chosen=attacks_chosen(config_path=config,
                                                                                           overrides=given))

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 
 from attacks.config import AttackConfig
 from attacks.registry import attack_names
-from training.config import Strict, TrainConfig, apply_overrides, load_yaml, parse_override, validate_config
+from training.config import Overrides, Strict, TrainConfig, apply_overrides, load_yaml, to_overrides, validate_config
 from foundation.errors import ConfigError
 
 __all__ = ["EpsilonConfig", "TransferRunConfig", "ReportConfig", "RunConfig", "load_run_config",
@@ -123,11 +123,10 @@ def select_variant(cfg: RunConfig, name: str | None) -> RunConfig:
     return validate_config(data, RunConfig, source=f"variant '{name}'")
 
 
-def load_run_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Load an experiment YAML with ``--set`` overrides into a validated :class:`RunConfig`."""
-    from training.config import apply_overrides as _apply
-
-    data = _apply(load_yaml(path), list(overrides))
+def load_run_config(path: str | os.PathLike[str], overrides: Overrides = ()) -> RunConfig:
+    """Load an experiment YAML with overrides (``--set`` strings, typed pairs or a mapping whose values are set as
+    given) into a validated :class:`RunConfig`."""
+    data = apply_overrides(load_yaml(path), overrides)
     cfg = validate_config(data, RunConfig, source=f"config error in {path}")
     for name in cfg.variants:  # validate every variant now, so a typo fails before any training
         select_variant(cfg, name)
@@ -135,7 +134,7 @@ def load_run_config(path: str | os.PathLike[str], overrides: list[str] | tuple[s
 
 
 def resolve_attack_config(*, run_dir: str | os.PathLike[str], config_path: str | os.PathLike[str] | None = None,
-                          variant: str | None = None, overrides: tuple[str, ...] = ()) -> AttackConfig:
+                          variant: str | None = None, overrides: Overrides = ()) -> AttackConfig:
     """The attack settings for a run: the ``attack:`` section of ``config_path`` (its variant for this run), or
     the defaults, with ``--set`` overrides applied.
 
@@ -149,23 +148,24 @@ def resolve_attack_config(*, run_dir: str | os.PathLike[str], config_path: str |
         ConfigError: unknown keys or values, a non-``attack.*`` override without a config file, or an
             ambiguous variant.
     """
+    pairs = to_overrides(overrides)
     if config_path is None:
-        bad = [o for o in overrides if parse_override(o)[0][0] != "attack"]
+        bad = [".".join(parts) for parts, _ in pairs if parts[0] != "attack"]
         if bad:
             raise ConfigError(f"--set {bad[0]}: audit attack only takes attack.* settings (training settings are "
                               f"fixed by the run); pass --config to read a whole experiment file")
-        data = apply_overrides({"attack": {}}, list(overrides))
+        data = apply_overrides({"attack": {}}, pairs)
         return validate_config(data["attack"] or {}, AttackConfig, source="attack settings")
-    cfg = load_run_config(config_path, list(overrides))
+    cfg = load_run_config(config_path, pairs)
     if cfg.variants and variant is None:
         names = [v for v in cfg.variants if f"{cfg.name}-{v}" == Path(run_dir).name]
         variant = names[0] if names else None
     return select_variant(cfg, variant).attack
 
 
-def attacks_chosen(*, config_path: str | os.PathLike[str] | None, overrides: tuple[str, ...]) -> bool:
+def attacks_chosen(*, config_path: str | os.PathLike[str] | None, overrides: Overrides) -> bool:
     """Whether the user chose the attacks: a config file, or an ``attack.attacks`` override."""
-    return config_path is not None or any(parse_override(o)[0] == ["attack", "attacks"] for o in overrides)
+    return config_path is not None or any(parts == ("attack", "attacks") for parts, _ in to_overrides(overrides))
 
 
 def resolve_epsilon_config(*, config_path: str | os.PathLike[str] | None = None, alpha: float | None = None,

@@ -1,8 +1,14 @@
 """Reading configs: YAML without surprises (``yaml.safe_load``, duplicate keys refused), ``--set`` overrides, and
 one-line messages for validation errors. :mod:`training.config` re-exports these names.
 
+Overrides come in two forms: ``"key=value"`` text (the command line's ``--set``; the value is read as a YAML
+scalar, so ``4`` is a number and ``false`` a bool) and a ``{key: value}`` mapping (the Python API), whose values are
+applied as given, never re-parsed. :func:`to_overrides` turns either into typed ``(path, value)`` pairs.
+
 >>> apply_overrides({"a": {"b": 1}}, ["a.c=2"])
 {'a': {'b': 1, 'c': 2}}
+>>> apply_overrides({}, {"data.root": "/data/set #2", "name": "no"})
+{'data': {'root': '/data/set #2'}, 'name': 'no'}
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import copy
 import difflib
 import os
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +26,14 @@ from pydantic import BaseModel, ValidationError
 
 from foundation.errors import ConfigError
 
-__all__ = ["safe_load_yaml", "load_yaml", "parse_override", "apply_overrides", "format_validation_error"]
+__all__ = ["safe_load_yaml", "load_yaml", "Override", "Overrides", "parse_override", "to_overrides", "override_text",
+           "apply_overrides", "format_validation_error"]
+
+#: One parsed override: the dotted key's parts and the value to set there (typed).
+Override = tuple[tuple[str, ...], Any]
+#: What every function that takes overrides accepts: ``"key=value"`` strings, ``(parts, value)`` pairs (from
+#: :func:`to_overrides`), a ``{key: value}`` mapping, or None.
+Overrides = Sequence[str | Override] | Mapping[str, Any] | None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -76,6 +90,13 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def _split_key(key: str, shown: str) -> tuple[str, ...]:
+    parts = tuple(p for p in key.strip().split(".") if p)
+    if not parts:
+        raise ConfigError(f"--set has an empty key in {shown!r}")
+    return parts
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Parse ``a.b.c=value`` into (["a", "b", "c"], value); the value is read as YAML (numbers, lists, null).
 
@@ -85,9 +106,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"--set expects KEY=VALUE (e.g. privacy.target_epsilon=4), got {text!r}")
     key, raw = text.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
-        raise ConfigError(f"--set has an empty key in {text!r}")
+    parts = list(_split_key(key, text))
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
@@ -95,15 +114,61 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...] | dict[str, Any]) -> dict[str, Any]:
-    """Return a deep copy of ``data`` with dotted overrides applied (``["a.b=1"]`` or ``{"a.b": 1}``)."""
+def to_overrides(overrides: Overrides) -> tuple[Override, ...]:
+    """Typed ``(parts, value)`` pairs from ``"key=value"`` strings (values read as YAML), ``(parts, value)``
+    pairs (kept), or a ``{key: value}`` mapping (values kept as given: a string stays that string).
+
+    >>> to_overrides({"data.root": "/data/set #2", "privacy.enabled": "no"})
+    ((('data', 'root'), '/data/set #2'), (('privacy', 'enabled'), 'no'))
+    >>> to_overrides(["privacy.enabled=no"])
+    ((('privacy', 'enabled'), False),)
+
+    Raises:
+        TypeError: one bare string (wrap it in a list) or an item that is neither a string nor a pair.
+        ConfigError: a string without ``=`` or an empty key.
+    """
+    if overrides is None:
+        return ()
+    if isinstance(overrides, Mapping):
+        out: list[Override] = []
+        for key, value in overrides.items():
+            if not isinstance(key, str):
+                raise TypeError(f"override keys must be dotted strings like 'privacy.target_epsilon', got {key!r}")
+            out.append((_split_key(key, key), copy.deepcopy(value)))
+        return tuple(out)
+    if isinstance(overrides, (str, bytes)):
+        raise TypeError("overrides must be a list of 'key=value' strings or a mapping, got one string; "
+                        "wrap it in a list")
+    out = []
+    for item in overrides:
+        if isinstance(item, str):
+            parts, value = parse_override(item)
+            out.append((tuple(parts), value))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], tuple):
+            out.append((tuple(str(p) for p in item[0]), item[1]))
+        else:
+            raise TypeError(f"an override must be a 'key=value' string or a (parts, value) pair, got {item!r}")
+    return tuple(out)
+
+
+def override_text(override: Override) -> str:
+    """The ``--set`` text of one override: ``parse_override`` of it gives the same value back.
+
+    >>> override_text((("data", "root"), "/data/set #2"))
+    "data.root='/data/set #2'"
+    >>> override_text((("privacy", "enabled"), False))
+    'privacy.enabled=false'
+    """
+    parts, value = override
+    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"), allow_unicode=True)
+    return f"{'.'.join(parts)}={text.removesuffix(chr(10)).removesuffix(chr(10) + '...').strip()}"
+
+
+def apply_overrides(data: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
+    """Return a deep copy of ``data`` with dotted overrides applied (``["a.b=1"]``, ``{"a.b": 1}`` or the pairs of
+    :func:`to_overrides`); a mapping's values are set as given."""
     out = copy.deepcopy(data)
-    items = (
-        [(k.split("."), v) for k, v in overrides.items()]
-        if isinstance(overrides, dict)
-        else [parse_override(o) for o in overrides]
-    )
-    for parts, value in items:
+    for parts, value in to_overrides(overrides):
         node = out
         for p in parts[:-1]:
             nxt = node.get(p)
@@ -112,7 +177,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
             if not isinstance(nxt, dict):
                 raise ConfigError(f"cannot set {'.'.join(parts)}: {p} is a value, not a section")
             node = nxt
-        node[parts[-1]] = value
+        node[parts[-1]] = copy.deepcopy(value)
     return out
 
 

@@ -68,3 +68,31 @@ def test_api_bad_input_is_one_line_user_error(tmp_path):
         audit.train(tmp_path / "missing.yaml")
     with pytest.raises(TypeError, match="list of 'key=value' strings"):
         audit.train("eval_configs/quickstart_train.yaml", overrides="training.steps=1")
+
+
+#: Strings that YAML text would turn into something else: a comment, a bool, an int, a mapping.
+TRICKY = {"data.root": "/data/set #2", "output_dir": "no", "name": "01", "model.freeze": ["a: b"]}
+
+
+def test_mapping_overrides_are_typed_not_reparsed(monkeypatch):
+    """``overrides={...}`` values reach the config as given, and the recorded command's ``--set`` texts read back to
+    the same values; ``--set`` strings stay YAML scalars (``no`` is False, ``01`` is 1)."""
+    from audit.config import load_run_config
+    from foundation.config_io import override_text, parse_override, to_overrides
+    import training.trainer
+
+    seen = {}
+    monkeypatch.setattr(training.trainer, "train", lambda cfg, **kw: seen.update(cfg=cfg, **kw))
+    audit.train(ROOT / "eval_configs" / "quickstart_train.yaml", overrides=TRICKY)
+    cfg = seen["cfg"]
+    assert (cfg.data.root, cfg.output_dir, cfg.name, cfg.model.freeze) == ("/data/set #2", "no", "01", ("a: b",))
+    from audit.bounds.claim_check import _overrides
+
+    recorded = {k: parse_override(f"{k}={v}")[1] for k, v in _overrides(seen["command"])}
+    assert recorded == TRICKY  # the provenance's command line re-makes the same config
+    for pair in to_overrides(TRICKY):
+        assert to_overrides([override_text(pair)]) == (pair,)
+    assert to_overrides(["output_dir=no", "name=01", "data.root=/data/set #2", "x=a: b"]) == (
+        (("output_dir",), False), (("name",), 1), (("data", "root"), "/data/set"), (("x",), {"a": "b"}))
+    with pytest.raises(Exception, match="name"):  # the --set form of name=01 is an int, which the config refuses
+        load_run_config(ROOT / "eval_configs" / "quickstart_train.yaml", ["name=01"])

@@ -54,8 +54,10 @@ __all__ = [
     "TrainConfig",
     "load_yaml",
     "safe_load_yaml",
+    "Overrides",
     "apply_overrides",
     "parse_override",
+    "to_overrides",
     "validate_config",
     "load_config",
     "dump_config",
@@ -416,8 +418,8 @@ class TrainConfig(Strict):
 
 # ----------------------------------------------------------------------------------------- loading
 
-from foundation.config_io import (apply_overrides, format_validation_error, load_yaml, parse_override,  # noqa: E402
-                                safe_load_yaml)
+from foundation.config_io import (Overrides, apply_overrides, format_validation_error, load_yaml,  # noqa: E402
+                                  parse_override, safe_load_yaml, to_overrides)
 
 
 def validate_config(data: dict[str, Any], model: type[BaseModel] = TrainConfig, *, source: str = "config") -> Any:
@@ -428,10 +430,10 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = TrainConfig, 
         raise ConfigError(format_validation_error(exc, model, source)) from None
 
 
-def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = (),
+def load_config(path: str | os.PathLike[str], overrides: Overrides = (),
                 model: type[BaseModel] = TrainConfig) -> Any:
-    """Load YAML, apply ``--set`` overrides, validate into ``model``."""
-    data = apply_overrides(load_yaml(path), list(overrides))
+    """Load YAML, apply overrides (``--set`` strings or a typed mapping), validate into ``model``."""
+    data = apply_overrides(load_yaml(path), overrides)
     return validate_config(data, model, source=f"config error in {path}")
 
 

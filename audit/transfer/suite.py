@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from audit.transfer.probes import DEFAULT_C_GRID
-from training.config import MAX_IMAGE_SIZE, Strict, apply_overrides, load_yaml
+from training.config import MAX_IMAGE_SIZE, Overrides, Strict, apply_overrides, load_yaml
 from foundation.errors import ConfigError
 
 __all__ = [
@@ -161,13 +161,13 @@ class TransferSuite(Strict):
         return self
 
 
-def load_suite(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> TransferSuite:
+def load_suite(path: str | os.PathLike[str], overrides: Overrides = ()) -> TransferSuite:
     """Read a suite YAML (``yaml.safe_load``), apply ``--set key=value`` overrides, validate.
 
     Raises:
         ConfigError: missing file, bad YAML, unknown key (named, with the valid ones) or bad value.
     """
-    data = apply_overrides(load_yaml(path), list(overrides))
+    data = apply_overrides(load_yaml(path), overrides)
     return parse_suite(data, source=f"transfer suite error in {path}")
 
 
