@@ -15,12 +15,43 @@ import click
 
 from foundation.errors import UserError
 
-COMMANDS = ("train", "accountant", "attack", "import_", "epsilon", "transfer", "report", "gate", "run", "canaries")
+#: Command name -> (module under audit/commands/, one-line help). Modules are imported only when their command
+#: runs (or its own --help is asked for), so ``audit -h`` starts without torch.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("train", "One DP (or non-DP) training run from a config."),
+    "accountant": ("accountant", "Epsilon of (sigma, q, T, delta) from PRV, RDP and PLD; sigma for a target."),
+    "attack": ("attack", "Membership inference against a run (reference models, LiRA, RMIA, ...)."),
+    "import": ("import_", "Wrap an externally trained checkpoint in a run directory with a manifest."),
+    "epsilon": ("epsilon", "Empirical epsilon lower bounds and the verdict on a run's claim."),
+    "transfer": ("transfer", "Downstream transfer (linear probe, k-NN, fine-tuning) of a run's model."),
+    "report": ("report", "The compliance report of a run (HTML, Markdown, JSON; --pdf)."),
+    "gate": ("gate", "CI regression gate: candidate vs baseline under a policy (exit 0/1/2)."),
+    "run": ("run", "Train, attack, estimate epsilon, transfer and report for every variant of a config."),
+    "canaries": ("canaries", "Auditor canaries for a vendor's model: make the package and the commitment."),
+}
 
 
 class AuditGroup(click.Group):
     """A click group that turns :class:`UserError` and click's usage errors (a missing argument, a path that
-    does not exist, an unknown option) into a one-line message and exit code 2."""
+    does not exist, an unknown option) into a one-line message and exit code 2.
+
+    Sub-commands load lazily (:data:`COMMANDS`): listing them reads only the table above.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        if cmd_name not in self.commands:  # loaded once, then a registered command like any other
+            self.add_command(importlib.import_module(f"audit.commands.{entry[0]}").command, cmd_name)
+        return self.commands[cmd_name]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, short) for name, (_, short) in COMMANDS.items()])
 
     def invoke(self, ctx: click.Context):  # noqa: D401
         try:
@@ -81,9 +112,6 @@ def os_error_message(exc: OSError) -> str:
 def main() -> None:
     """Privacy auditing and evaluation for differentially private vision models."""
 
-
-for _name in COMMANDS:
-    main.add_command(importlib.import_module(f"audit.commands.{_name}").command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ValidationError
 
 from foundation.errors import ConfigError
 
-__all__ = ["safe_load_yaml", "load_yaml", "Override", "Overrides", "parse_override", "to_overrides", "override_text",
-           "apply_overrides", "format_validation_error"]
+__all__ = ["safe_load_yaml", "load_yaml", "resolve_config_path", "SHIPPED_CONFIGS", "Override", "Overrides",
+           "parse_override", "to_overrides", "override_text", "apply_overrides", "format_validation_error"]
 
 #: One parsed override: the dotted key's parts and the value to set there (typed).
 Override = tuple[tuple[str, ...], Any]
@@ -69,9 +69,35 @@ def safe_load_yaml(text: str | bytes) -> Any:
         raise yaml.YAMLError("nested too deeply to be a config") from None
 
 
-def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML mapping with ``yaml.safe_load``; a missing or malformed file is a :class:`ConfigError`."""
+#: The configs shipped with this installation (the repository's ``eval_configs/``).
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "eval_configs"
+
+
+def resolve_config_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as given when it exists; else a relative ``eval_configs/...`` path names a shipped config.
+
+    So ``audit run eval_configs/quickstart.yaml`` works from any directory, while a file of that name in the
+    current directory (the user's own copy) still wins.
+
+    >>> resolve_config_path("eval_configs/quickstart.yaml").is_file()   # from whatever the current directory
+    True
+    >>> resolve_config_path("my.yaml")
+    PosixPath('my.yaml')
+    """
     path = Path(path)
+    if path.is_file() or path.is_absolute() or not path.parts or path.parts[0] != "eval_configs":
+        return path
+    shipped = SHIPPED_CONFIGS.joinpath(*path.parts[1:])
+    return shipped if shipped.is_file() else path
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML mapping with ``yaml.safe_load``; a missing or malformed file is a :class:`ConfigError`.
+
+    A relative ``eval_configs/NAME.yaml`` not found in the current directory is read from the shipped configs
+    (:func:`resolve_config_path`).
+    """
+    path = resolve_config_path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path} (pass a YAML file, e.g. eval_configs/quickstart.yaml)")
     try:

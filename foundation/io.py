@@ -42,9 +42,27 @@ __all__ = [
 RUN_DIR_MARKERS = ("manifest.json", "config.yaml", "state", "import.json")
 
 
+def umask_mode() -> int:
+    """The mode ``open()`` gives a new file under the process umask (0o666 minus the umask), e.g. 0o644.
+
+    Temporary files are created private (``tempfile.mkstemp`` uses 0o600); a finished output gets this mode, as
+    any file the user's shell would create.
+
+    >>> old = os.umask(0o022); oct(umask_mode()); _ = os.umask(old)
+    '0o644'
+    """
+    current = os.umask(0)
+    os.umask(current)
+    return 0o666 & ~current
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+def atomic_path(path: str | os.PathLike[str], *, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
+
+    The file ends with ``mode`` (default: what the umask gives a new file, :func:`umask_mode`); pass 0o600 for
+    a secret.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -54,6 +72,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp_path, umask_mode() if mode is None else mode)
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -206,7 +206,7 @@ def write_canaries(out_dir: str | os.PathLike[str], secret: CanarySecret, *,
                   num_classes=secret.num_classes, commitment=secret.commitment)
     secret = dataclasses.replace(secret, package_sha256=sha256_file(paths["package"]))
     meta = {**secret.meta(), "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    with atomic_path(paths["secret"]) as tmp:
+    with atomic_path(paths["secret"], mode=0o600) as tmp:  # the bits and seed: owner only
         with open(tmp, "wb") as fh:
             np.savez(fh, x=secret.x, y=secret.y, included=secret.included, package_order=secret.package_order,
                      meta=np.array(json.dumps(meta, sort_keys=True)))
