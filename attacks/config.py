@@ -33,7 +33,8 @@ EXECUTION_ONLY = ("executor", "workers", "device", "signal_batch_size", "max_mod
 class AttackConfig(Strict):
     """Membership-inference attack settings (`audit attack`)."""
 
-    n_reference: int = Field(16, ge=0, description="reference (shadow) models; 0: only reference-free attacks")
+    n_reference: int = Field(16, ge=0, description="reference (shadow) models K: even, every pool example IN for "
+                             "exactly K/2 of them; 0: only reference-free attacks")
     attacks: tuple[str, ...] = Field(default_factory=attack_names, description="attacks to run (registry names)")
     flip: bool = Field(True, description="query the horizontal flip too")
     shifts: int = Field(0, ge=0, description="query +-k pixel shifts")
@@ -77,6 +78,7 @@ class AttackConfig(Strict):
         unknown = [a for a in self.attacks if a not in valid]
         if unknown:
             raise ValueError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(valid)}")
+        self._check_n_reference()
         try:
             self.ray_options()
         except ValueError as exc:
@@ -86,6 +88,25 @@ class AttackConfig(Strict):
         if self.rmia_offline_a != "auto" and not 0.0 <= self.rmia_offline_a <= 1.0:
             raise ValueError(f"attack.rmia_offline_a must be 'auto' or a number in [0, 1]; got {self.rmia_offline_a!r}")
         return self
+
+    def _check_n_reference(self) -> None:
+        """K, checked here once: 0 (reference-free attacks only) or an even number >= 2, since every pool example is
+        IN for exactly half of the reference models; and >= 2 whenever an attack or leave-one-out needs them.
+
+        >>> AttackConfig(n_reference=3)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        pydantic_core._pydantic_core.ValidationError: ...attack.n_reference must be an even number >= 2 ...got 3...
+        """
+        k = self.n_reference
+        if k % 2:
+            raise ValueError(f"attack.n_reference must be an even number >= 2 (each example is IN for exactly half "
+                             f"of the reference models), or 0 for reference-free attacks only; got {k}")
+        if k == 0 and self.needs_references:
+            need = [a for a in self.attacks if needs_reference(a)]
+            raise ValueError(f"attack.n_reference must be an even number >= 2: attack(s) "
+                             f"{', '.join(need) or '(leave-one-out evaluation)'} need reference models, but "
+                             f"attack.n_reference is 0; set it to an even number >= 2 or drop those attacks")
 
     def ray_options(self) -> RayOptions:
         """The Ray settings of the ``ray`` executor."""

@@ -150,7 +150,8 @@ def shadow_config(recipe: ShadowRecipe, *, name: str, seed: int, output_dir: str
     ``training.batch_size`` the reference model's expected batch. Multi-phase recipes keep the target's
     settings (their trainer derives each phase itself).
 
-    >>> r = shadow_recipe(config=TrainConfig(), manifest=_demo_manifest())
+    >>> r = ShadowRecipe(config=TrainConfig(), hash="0" * 64, dp=True, noise_multiplier=1.5, max_grad_norm=1.0,
+    ...                  sample_rate=0.1, batch_size=50, steps=100, delta=1e-4, accountant="prv", n_phases=1)
     >>> c = shadow_config(r, name="s0", seed=7, output_dir="out")
     >>> c.privacy.noise_multiplier, c.privacy.target_epsilon, c.training.steps, c.training.seed
     (1.5, None, 100, 7)
@@ -203,20 +204,3 @@ def batched_unsupported(recipe: ShadowRecipe, *, num_classes: int, input_shape: 
     except ConfigError as exc:
         return str(exc)
     return None
-
-
-def _demo_manifest() -> Manifest:
-    """A minimal manifest for the doctests (sigma 1.5, q 0.1, 100 steps, pool of 1000)."""
-    from training.run.manifest import DataInfo, MembershipInfo, ModelInfo, PrivacyInfo, Provenance
-
-    return Manifest(
-        run_name="demo",
-        model=ModelInfo(arch="small_cnn", num_classes=10, input_shape=(3, 8, 8), param_count=1,
-                        trainable_param_count=1, weights_sha256="0" * 64),
-        data=DataInfo(dataset="digits", split="train", pool_size=1000, pool_fingerprint="0" * 64,
-                      membership_sha256="0" * 64,
-                      membership=MembershipInfo(scheme="bernoulli", p=0.5, seed=0, n_members=500, n_pool=1000)),
-        privacy=PrivacyInfo(dp=True, delta=1e-4, accountant="prv", epsilon=1.0, phases=[
-            PhaseInfo(name="private", dp=True, noise_multiplier=1.5, sample_rate=0.1, steps=100,
-                      max_grad_norm=1.0)]),
-        provenance=Provenance(package_version="0", created="2025-01-01T00:00:00+00:00"))

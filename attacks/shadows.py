@@ -40,7 +40,7 @@ from training.run import VerifiedRun, is_complete, open_run
 from training.run.verified import canary_package_of
 
 __all__ = ["SHADOW_DIR", "INDEX_FILE", "KEEP_FILE", "INDEX_FORMAT", "balanced_keep_masks", "shadow_seeds",
-           "ShadowSet", "prepare_shadows", "check_n_reference"]
+           "ShadowSet", "prepare_shadows"]
 
 SHADOW_DIR = "shadows"
 INDEX_FILE = "index.json"
@@ -85,13 +85,6 @@ def shadow_seeds(n_models: int, seed: int) -> list[int]:
     return [int(s) >> 1 for s in state]
 
 
-def check_n_reference(n_models: int) -> None:
-    """Raise :class:`ConfigError` unless ``n_models`` is an even integer ``>= 2``."""
-    if n_models < 2 or n_models % 2:
-        raise ConfigError(f"attack.n_reference must be an even number >= 2 (each example is IN for exactly half "
-                          f"of the reference models); got {n_models}")
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShadowSet:
     """Verified reference models of one target.
@@ -111,10 +104,6 @@ class ShadowSet:
     index: dict[str, Any]
     index_sha256: str
     trained: int
-
-    @property
-    def run_dirs(self) -> list[Path]:
-        return [r.run_dir for r in self.runs]
 
     @property
     def n_models(self) -> int:
@@ -218,14 +207,14 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
         The verified :class:`ShadowSet`.
 
     Raises:
-        UserError: the target has no recipe. ConfigError: K odd or < 2, or an executor that cannot be used.
+        UserError: the target has no recipe. ConfigError: an executor that cannot be used.
+        ValueError: K odd or < 2 (:class:`~attacks.config.AttackConfig` checks K where the config is built).
         CheckpointError: existing reference models that do not match or are corrupt (unless ``retrain``).
     """
     if not target.has_recipe:
         raise UserError(f"{target.run_dir} has no config.yaml (an imported checkpoint): reference models need the "
                         f"target's training recipe; run only attacks without reference models "
                         f"(--set attack.attacks=[loss,attack_p])")
-    check_n_reference(n_models)
     say = log or (lambda _msg: None)
     recipe = shadow_recipe(config=target.config, manifest=target.manifest)
     root = target.run_dir / SHADOW_DIR

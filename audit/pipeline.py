@@ -191,14 +191,10 @@ def preflight(cfg: RunConfig, steps: tuple[str, ...]) -> None:
     """Check the attack, epsilon and transfer settings of one variant before anything trains.
 
     Raises:
-        UserError: reference attacks with an odd or zero ``attack.n_reference``, an unknown attack, the pool
-            source reading an attack that is not run, or a transfer suite that does not load.
+        UserError: the pool source reading an attack that is not run, or a transfer suite that does not load
+            (``attack.n_reference`` and the attack names are checked when the config is built).
     """
-    from attacks.shadows import check_n_reference
-
-    attacking = "attack" in steps and bool(cfg.attack.attacks)
-    if attacking and cfg.attack.needs_references:
-        check_n_reference(cfg.attack.n_reference)
+    attacking = "attack" in steps and bool(cfg.attack.attacks)  # K was checked when the config was built
     if attacking and "epsilon" in steps and "pool" in cfg.epsilon.sources \
             and cfg.epsilon.attack not in cfg.attack.attacks:
         raise ConfigError(f"epsilon.attack is '{cfg.epsilon.attack}', but attack.attacks does not run it "

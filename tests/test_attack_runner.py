@@ -212,8 +212,18 @@ def test_a_target_that_does_not_verify_is_refused(run_copy: Path, damage, messag
 
 
 def test_reference_attacks_need_reference_models(run_copy: Path) -> None:
-    with pytest.raises(UserError, match="attack.n_reference is 0"):
-        run_attack(run_dir=run_copy, config=_config(n_reference=0, evaluation="target"), progress=False)
+    """K is checked once, where the settings are built: 0 with a reference attack, or odd, is refused there."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="lira_online.*attack.n_reference is 0"):
+        _config(n_reference=0, evaluation="target")
+    with pytest.raises(ValidationError, match=r"leave-one-out evaluation\) need reference models"):
+        _config(n_reference=0, attacks=("loss",), evaluation="both")
+    for k in (1, 3, 5):
+        with pytest.raises(ValidationError, match=f"even number >= 2.*got {k}"):
+            _config(n_reference=k, attacks=("loss",), evaluation="target")
+    with pytest.raises(UserError, match="attack.n_reference must be an even number"):
+        resolve_attack_config(run_dir=run_copy, overrides={"attack.n_reference": 0})
     out = run_attack(run_dir=run_copy, config=_config(n_reference=0, evaluation="target",
                                                       attacks=("loss", "attack_p")), progress=False)
     assert out.report.setup.n_reference == 0 and out.report.setup.recipe_hash is None

@@ -140,5 +140,5 @@ def test_monitor_reads_live_weights_and_is_reproducible_per_step():
     assert a == b
     assert abs(a["trace_h"] - direct.mean) < 6 * a["trace_h_stderr"] + 4 * direct.stderr
     assert a["decelerator"] == pytest.approx(a["trace_h"] / 32)
-    mon.set_dp(sigma=None, batch_size=32, clip_norm=1.0)
+    mon.sigma = None  # no DP: no decelerator
     assert "decelerator" not in mon.measure(live, step=10)

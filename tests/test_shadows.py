@@ -247,9 +247,11 @@ def test_interrupted_training_continues_with_missing_models(run_copy: Path) -> N
 
 
 def test_odd_k_and_missing_recipe_are_user_errors(target_run: Path, tmp_path: Path) -> None:
-    target = open_run(target_run)
-    with pytest.raises(ConfigError, match="even number"):
-        prepare_shadows(target=target, n_models=3, device="cpu")
+    fresh = tmp_path / "fresh"
+    shutil.copytree(target_run, fresh, ignore=shutil.ignore_patterns("shadows", "signals.npz"))
+    with pytest.raises(ValueError, match="even"):  # the library precondition; configs refuse it when built
+        prepare_shadows(target=open_run(fresh), n_models=3, device="cpu")
+    assert not (fresh / "shadows" / "0").exists()
     bare = tmp_path / "bare"
     shutil.copytree(target_run, bare, ignore=shutil.ignore_patterns("shadows", "signals.npz", "config.yaml"))
     with pytest.raises(UserError, match="reference models need the target's training recipe"):
@@ -261,7 +263,7 @@ def test_sequential_executor_uses_the_trainer(target_run: Path, tmp_path: Path) 
     shutil.copytree(target_run, run, ignore=shutil.ignore_patterns("shadows", "signals.npz"))
     shadows = prepare_shadows(target=open_run(run), n_models=2, seed=3, executor="sequential", device="cpu")
     assert shadows.trained == 2 and shadows.executor == "sequential"
-    for k, (d, opened) in enumerate(zip(shadows.run_dirs, shadows.runs)):
+    for k, (d, opened) in enumerate(zip([r.run_dir for r in shadows.runs], shadows.runs)):
         man = opened.manifest
         assert man.data.membership.scheme == "explicit" and (opened.membership == shadows.keep[k]).all()
         assert (d / "config.yaml").is_file() and man.training["steps"] == 12
@@ -294,7 +296,7 @@ def test_reference_models_copy_augmentation_smoothing_and_ema(tmp_path: Path, pr
         recipe = shadow_recipe(config=open_run(target).config, manifest=open_run(target).manifest)
         assert batched_unsupported(recipe, num_classes=4, input_shape=(3, 8, 8)) is None
         shadows = prepare_shadows(target=open_run(target), n_models=2, seed=5, executor="batched", device="cpu")
-        weights[name] = open_run(shadows.run_dirs[0], verify=False).state_dict
+        weights[name] = open_run(shadows.runs[0].run_dir, verify=False).state_dict
         if name == "options":
             assert recipe.train.augment.multiplicity == 2 and recipe.train.label_smoothing == 0.1
             assert recipe.train.ema.decay == 0.9

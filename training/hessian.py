@@ -204,10 +204,6 @@ class HessianMonitor:
         self.clip_norm = clip_norm
         self.seed = int(seed)
 
-    def set_dp(self, *, sigma: float | None, batch_size: float, clip_norm: float) -> None:
-        """Change the σ, B, c used for the decelerator (e.g. once the private phase is calibrated)."""
-        self.sigma, self.batch_size, self.clip_norm = sigma, batch_size, clip_norm
-
     def measure(self, live: nn.Module, step: int) -> dict[str, float]:
         """``{"trace_h", "trace_h_stderr"[, "decelerator"]}`` of ``live``'s current weights at ``step``.
 

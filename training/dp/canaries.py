@@ -132,13 +132,6 @@ class GradientCanaries:
         draw = np.random.default_rng([_SAMPLE_TAG, self.seed, int(step)]).random(self.count) < sample_rate
         return np.flatnonzero(draw & self.included)
 
-    def sample_counts(self, *, steps: int, sample_rate: float, start: int = 0) -> np.ndarray:
-        """How often each canary was added over steps ``start .. steps-1`` (0 for excluded canaries)."""
-        counts = np.zeros(self.count, dtype=np.int64)
-        for t in range(start, steps):
-            counts[self.sampled(t, sample_rate=sample_rate)] += 1
-        return counts
-
     def gradient(self, indices: Sequence[int] | np.ndarray, *, scale: float, device: torch.device | str,
                  dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
         """scale · Σ_{i ∈ indices} u_i, split into tensors shaped like the parameters (in ``param_shapes`` order)."""

@@ -167,10 +167,6 @@ class Stepper:
         (:class:`training.dp.bk.BKModule`); None in the other modes and without DP."""
         return list(self.module.fallback_layers) if self.dp and hasattr(self.module, "fallback_layers") else None
 
-    @property
-    def noise_disabled(self) -> bool:
-        return bool(self.dp and self.dp_optimizer.debug_disable_noise)
-
     # ---------------------------------------------------------------------------------------------- step
 
     def step(self, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *,

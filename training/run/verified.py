@@ -33,7 +33,7 @@ from training.data import ImageSet, SplitRows
 from foundation.errors import CheckpointError
 from foundation.io import sha256_bytes, sha256_file
 from training.pool import Pool
-from foundation.files import CANARY_PACKAGE_FILE, CONFIG_FILE, IMPORT_FILE, METRICS_FILE
+from foundation.files import CANARY_PACKAGE_FILE, CONFIG_FILE, METRICS_FILE
 from training.run.imported import pool_from_import, pool_from_manifest, read_import_record
 from training.run.manifest import Manifest, model_config, read_manifest
 from training.run.readers import (parse_yaml, check_finite_weights, decode_weights, read_config, read_membership,
@@ -232,10 +232,6 @@ class VerifiedRun:
     def has_recipe(self) -> bool:
         """True when the run carries the recipe (``config.yaml``) that reference models need."""
         return self._config_text is not None
-
-    @property
-    def has_import_record(self) -> bool:
-        return (self.run_dir / IMPORT_FILE).is_file()
 
     @property
     def weights_sha256(self) -> str:
