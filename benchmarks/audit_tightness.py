@@ -2,7 +2,7 @@
 
 For each claimed ε and each seed of ``--seeds`` the script trains one model with `training.trainer.train` (the
 real pipeline) and audits it with `audit.bounds.runner.run_epsilon` (the real `audit epsilon`); with several
-seeds the spread table gives mean ± SD of ε_lb over the training runs (:mod:`audit.stats`):
+seeds the spread table gives mean ± SD of ε_lb over the training runs (:mod:`experiments.stats`):
 
 * data: scikit-learn digits (8x8, grey replicated to RGB), a pool of ``--pool`` real examples that are all
   members, plus ``--input-canaries`` out-of-distribution input canaries (uniform-noise images with random labels),
@@ -119,7 +119,7 @@ def ideal_bounds(*, epsilon: float, args: argparse.Namespace) -> dict:
 
 def spread_table(rows: list[dict]) -> list[str]:
     """Mean ± SD over seeds (training runs) of ε_lb per claimed ε, source and method."""
-    from audit.stats import fmt_mean_sd
+    from experiments.stats import fmt_mean_sd
 
     by: dict[tuple, list[float]] = {}
     claimed: dict[float, float] = {}

@@ -109,7 +109,7 @@ def summary_table(results: dict[str, dict[str, Any]]) -> list[str]:
            "|---|---|---|---|---|---|"]
 
     def ms(v: list[float]) -> str:
-        from audit.stats import fmt_mean_sd
+        from experiments.stats import fmt_mean_sd
 
         return fmt_mean_sd(v, ".1f", 100)
 

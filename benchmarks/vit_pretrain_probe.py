@@ -37,12 +37,11 @@ def one(schedule: str, warmup: int, steps: int, seed: int, augment: bool) -> tup
     import torch
 
     torch.set_num_threads(1)
-    import seed_arms
+    from experiments.arms.common import CROP_FLIP, build, load_arm_data, phase, test_acc, train
+    from experiments.arms.scales import SCALES
+    from experiments.arms.vit import public_parts
 
-    from audit.seed_arms.common import CROP_FLIP, build, load_arm_data, phase, test_acc, train
-    from audit.seed_arms.vit import public_parts
-
-    sc = seed_arms.SCALES[SCALE]
+    sc = SCALES[SCALE]
     data = load_arm_data(sc.with_(public=sc.vit_public))
     parts = public_parts(data.public, sc.vit_tune_fraction)
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ CUDA_PATTERNS = (re.compile(r"\.cuda\("), re.compile(r"torch\.cuda\."), re.compi
 
 def test_no_device_choice_outside_the_resolver():
     offenders = []
-    for folder in ("foundation", "training", "attacks", "audit", "benchmarks", "examples"):
+    for folder in ("foundation", "training", "attacks", "audit", "experiments", "benchmarks", "examples"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path == ROOT / "training" / "device.py":
                 continue

@@ -1,4 +1,4 @@
-"""The ViT representation-law arm (audit.seed_arms.vit) on a tiny 12-block ViT over 8×8 digits, in seconds."""
+"""The ViT representation-law arm (experiments.arms.vit) on a tiny 12-block ViT over 8×8 digits, in seconds."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from audit.seed_arms import ArmScale
-from audit.seed_arms.common import build, load_arm_data, phase, train
-from audit.seed_arms.vit import block_profile, eps_tag, lr_search, probe_set, public_parts, vit_arm
+from experiments.arms import ArmScale
+from experiments.arms.common import build, load_arm_data, phase, train
+from experiments.arms.vit import block_profile, eps_tag, lr_search, probe_set, public_parts, vit_arm
 from audit.transfer.separability import fit_geometric_decay, least_squares_residual, separation_fuzziness
 
 TINY = ArmScale(name="tiny", dataset="digits", root=None, private=120, public=80, val=20, test=60, batch_size=20,
@@ -33,7 +33,7 @@ def result(data):
 
 def _trained_phases(monkeypatch) -> list[str]:
     """The names of the phases the ViT arm trains from now on (its ``train`` wrapped), in order."""
-    import audit.seed_arms.vit as vit
+    import experiments.arms.vit as vit
 
     calls: list[str] = []
     real = vit.train
@@ -144,35 +144,31 @@ def test_eps_tags_are_key_safe():
 
 
 def test_seed_and_epsilon_parts_merge_to_the_whole_run(tmp_path, monkeypatch):
-    """benchmarks/seed_arms.py: one (seed, ε) part per GPU job, merged, equals the arm run over every seed and ε."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import seed_arms
+    """`experiments arms`: one (seed, ε) part per GPU job, merged, equals the arm run over every seed and ε."""
+    from experiments.arms import runner
 
     two = TINY.with_(name="tiny_parts", seeds=(0, 1), vit_epsilons=(8.0, math.inf))
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    monkeypatch.setitem(seed_arms.SCALES, "tiny_parts", two)
+    monkeypatch.setattr(runner, "OUT", tmp_path)
+    monkeypatch.setitem(runner.SCALES, "tiny_parts", two)
     whole = vit_arm(two)
     for seed in (1, 0):
         for e in (math.inf, 8.0):
-            seed_arms.run_arm("vit", "tiny_parts", seed, e)
-    merged = seed_arms.merge("vit", "tiny_parts")
+            runner.run_arm("vit", "tiny_parts", seed, e)
+    merged = runner.merge("vit", "tiny_parts")
     assert merged["seeds"] == [0, 1] and merged["epsilons"] == ["eps8", "epsinf"]
     assert merged["scale_settings"]["vit_epsilons"] == [8.0, math.inf]  # the run's ε, not the first part's one
     assert merged["sigmas"] == whole["sigmas"] and set(merged["per_seed"]) == set(whole["per_seed"])
     for k in ("pretrain_acc", "eps8_tuned_acc", "eps8_untuned_r2_D", "epsinf_tuned_lr", "eps8_tuned_D"):
         assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(whole["per_seed"][k], float)), k
     (tmp_path / "tiny_parts" / "parts" / "vit.s1.epsinf.json").unlink()  # a seed missing an ε: only shared ε kept
-    again = seed_arms.merge("vit", "tiny_parts")
+    again = runner.merge("vit", "tiny_parts")
     assert again["epsilons"] == ["eps8"] and again["scale_settings"]["vit_epsilons"] == [8.0]
 
 
 def test_pretraining_augmentation_is_seeded_and_reaches_only_the_public_phase(data):
     """vit_pretrain_augment changes the pre-trained model (the crops and flips are applied), repeats exactly for a
     seed (the draws come from the run's seeded stream), and the fine-tuning phases stay un-augmented."""
-    from audit.seed_arms.common import CROP_FLIP, phase
+    from experiments.arms.common import CROP_FLIP, phase
 
     one = TINY.with_(vit_epsilons=(math.inf,), vit_trials=1)
     aug = one.with_(vit_pretrain_augment=True)
@@ -211,7 +207,7 @@ def test_a_shared_pretraining_is_trained_once_for_every_seed_with_its_schedule(d
     """vit_shared_pretrain: every seed fine-tunes the one public model (seed 0), trained once per process and once
     across the (seed, ε) jobs of a cache; the seeds still vary the fine-tuning. The schedule reaches the
     pre-training phase only, and changes what it learns."""
-    import audit.seed_arms.vit as vit
+    import experiments.arms.vit as vit
 
     specs = []
     real = vit.train
@@ -264,20 +260,16 @@ def test_the_vits_dp_fine_tuning_is_dominated_by_its_noise(data):
 
 
 def test_pretrained_accuracy_scores_the_jobs_cached_model_on_the_whole_test_split(tmp_path, monkeypatch):
-    """benchmarks/seed_arms.py pretrained: the model a (seed, ε) part job cached, loaded (not trained again) and
+    """`experiments arms pretrained`: the model a (seed, ε) part job cached, loaded (not trained again) and
     scored; on the arm's own test images it gives the part's pre-training accuracy, by default the whole split."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import audit.seed_arms.vit as vit
-    import seed_arms
+    import experiments.arms.vit as vit
+    from experiments.arms import runner
 
     shared = TINY.with_(name="tiny_shared", seeds=(0, 1), vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    monkeypatch.setitem(seed_arms.SCALES, "tiny_shared", shared)
-    seed_arms.run_arm("vit", "tiny_shared", 1, 8.0)  # seed 1's job pre-trains the shared (seed-0) model
-    part = json.loads(seed_arms.part_path("tiny_shared", "vit", 1, 8.0).read_text())
+    monkeypatch.setattr(runner, "OUT", tmp_path)
+    monkeypatch.setitem(runner.SCALES, "tiny_shared", shared)
+    runner.run_arm("vit", "tiny_shared", 1, 8.0)  # seed 1's job pre-trains the shared (seed-0) model
+    part = json.loads(runner.part_path("tiny_shared", "vit", 1, 8.0).read_text())
     real = vit.train
 
     def no_pretraining(model, specs, **kw):
@@ -285,9 +277,9 @@ def test_pretrained_accuracy_scores_the_jobs_cached_model_on_the_whole_test_spli
         return real(model, specs, **kw)
 
     monkeypatch.setattr(vit, "train", no_pretraining)
-    acc, n = seed_arms.pretrained_accuracy("tiny_shared", test_images=TINY.test)
+    acc, n = runner.pretrained_accuracy("tiny_shared", test_images=TINY.test)
     assert n == TINY.test and acc == part["per_seed"]["pretrain_acc"][0]
-    acc_all, n_all = seed_arms.pretrained_accuracy("tiny_shared")
+    acc_all, n_all = runner.pretrained_accuracy("tiny_shared")
     assert n_all > TINY.test and 0.0 <= acc_all <= 1.0
 
 
@@ -305,9 +297,9 @@ def test_fields_left_out_of_the_cache_key_do_not_change_the_pretrained_model(dat
     """fit_key drops AFTER_FIT_FIELDS so that two scales share a pre-trained model (the Ke et al. arm on the ViT
     arm's): changing any of them leaves the key *and* the trained weights as they are, while a field the
     pre-training reads changes the key."""
-    from audit.seed_arms.common import AFTER_FIT_FIELDS
-    from audit.seed_arms.model_cache import fit_key
-    from audit.seed_arms.vit import pretrained_vit, vit_lr
+    from experiments.arms.common import AFTER_FIT_FIELDS
+    from experiments.arms.model_cache import fit_key
+    from experiments.arms.vit import pretrained_vit, vit_lr
 
     assert set(_AFTER_FIT_VALUES) == set(AFTER_FIT_FIELDS)
     base = TINY.with_(source_steps=3)
@@ -327,9 +319,9 @@ def test_fields_left_out_of_the_cache_key_do_not_change_the_pretrained_model(dat
 def test_ke_arm_on_the_vit_source_fine_tunes_the_vit_arms_pretrained_model(data, tmp_path, monkeypatch):
     """ke_source='vit': the Ke et al. arm starts from the ViT arm's pre-trained model (loaded from the ViT arm's
     cache, not trained again) at the ViT's learning rate, and reports the source's accuracy and arch."""
-    import audit.seed_arms.ke as ke
-    import audit.seed_arms.vit as vit
-    from audit.seed_arms.common import test_acc
+    import experiments.arms.ke as ke
+    import experiments.arms.vit as vit
+    from experiments.arms.common import test_acc
 
     vit_scale = TINY.with_(vit_lr=3e-3)
     scale = vit_scale.with_(name="tiny_ke", ke_source="vit", downstream="digits", downstream_root=None,
@@ -363,8 +355,8 @@ def test_a_pretraining_from_another_machine_is_adopted_not_retrained_and_says_wh
     """adopt_cached: a lease's cached pre-training (another device and torch in its key) becomes this machine's
     cache entry; the arm then fine-tunes those very weights without training the public phase again and records
     where they were trained. A file of other settings, or without a key, is refused; a plain run records itself."""
-    import audit.seed_arms.vit as vit
-    from audit.seed_arms.model_cache import adopt_cached, cache_path, cached_fit
+    import experiments.arms.vit as vit
+    from experiments.arms.model_cache import adopt_cached, cache_path, cached_fit
 
     one = TINY.with_(vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
     lease = {**vit.pretrain_key(one, data, seed=0), "device": "cuda", "torch": "2.11.0+cu130"}
@@ -404,29 +396,25 @@ def _bump(module):
 
 
 def test_adopt_command_checks_the_leases_checksum_and_exits_2_on_bad_input(data, tmp_path, monkeypatch, capsys):
-    """benchmarks/seed_arms.py adopt: a file whose sha256 is not the lease's, or a missing file, is a one-line
+    """`experiments arms adopt`: a file whose sha256 is not the lease's, or a missing file, is a one-line
     error and exit 2, nothing adopted; the right file is adopted under this machine's key."""
     import hashlib
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import audit.seed_arms.vit as vit
-    import seed_arms
-    from audit.seed_arms.model_cache import cache_path, cached_fit
+    import experiments.arms.vit as vit
+    from experiments.arms import runner
+    from experiments.arms.model_cache import cache_path, cached_fit
 
     shared = TINY.with_(name="tiny_adopt", vit_epsilons=(8.0,), vit_trials=1, vit_shared_pretrain=True)
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path / "out")
-    monkeypatch.setitem(seed_arms.SCALES, "tiny_adopt", shared)
+    monkeypatch.setattr(runner, "OUT", tmp_path / "out")
+    monkeypatch.setitem(runner.SCALES, "tiny_adopt", shared)
     monkeypatch.setattr(vit, "vit_data", lambda scale, device="cpu": data)
     lease = {**vit.pretrain_key(shared, data, seed=0), "device": "cuda", "torch": "2.11.0+cu130"}
     cached_fit(tmp_path / "lease", lease, lambda: _vit(data), lambda m: m)
     src = cache_path(tmp_path / "lease", lease)
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
-    assert seed_arms.main(["adopt", str(src), "--scale", "tiny_adopt", "--sha256", "0" * 64]) == 2
+    assert runner.main(["adopt", str(src), "--scale", "tiny_adopt", "--sha256", "0" * 64]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "sha256" in err
-    assert seed_arms.main(["adopt", str(tmp_path / "missing.safetensors"), "--scale", "tiny_adopt"]) == 2
+    assert runner.main(["adopt", str(tmp_path / "missing.safetensors"), "--scale", "tiny_adopt"]) == 2
     assert not (tmp_path / "out").exists()
-    assert seed_arms.main(["adopt", str(src), "--scale", "tiny_adopt", "--sha256", digest]) == 0
+    assert runner.main(["adopt", str(src), "--scale", "tiny_adopt", "--sha256", digest]) == 0
     assert len(list((tmp_path / "out/tiny_adopt/pretrained").glob("vit-pretrained-*.safetensors"))) == 1

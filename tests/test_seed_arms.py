@@ -1,4 +1,4 @@
-"""The seed-paper arms (audit.seed_arms) on tiny digits scales: each arm's defining invariant, in seconds."""
+"""The seed-paper arms (experiments.arms) on tiny digits scales: each arm's defining invariant, in seconds."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from audit.seed_arms import ArmScale
-from audit.seed_arms.common import build, load_arm_data, phase, train
+from experiments.arms import ArmScale
+from experiments.arms.common import build, load_arm_data, phase, train
 
 TINY = ArmScale(name="tiny", dataset="digits", root=None, downstream="digits", downstream_root=None, private=120,
                 public=60, val=40, test=60, batch_size=20, steps=6, switch=2, source_steps=4, public_steps=(0, 2, 4),
@@ -59,7 +59,7 @@ def test_sigma_zero_phase_clips_but_adds_no_noise(data):
 @pytest.mark.parametrize("min_delta, patience, expected",
                          [(1e6, 1, (2, "plateau")), (0.0, 50, (4, "max_public_steps"))])
 def test_plateau_switch_run_switches_as_specified(data, min_delta, patience, expected):
-    from audit.seed_arms.bu import plateau_switch_run
+    from experiments.arms.bu import plateau_switch_run
 
     members = np.arange(0, 120, 2)
     _, step, reason = plateau_switch_run(build(TINY, data, seed=0), data, TINY, members=members, seed=0,
@@ -69,7 +69,7 @@ def test_plateau_switch_run_switches_as_specified(data, min_delta, patience, exp
 
 
 def test_continual_arm_reports_every_arm_with_membership_metrics():
-    from audit.seed_arms.bu import continual_arm
+    from experiments.arms.bu import continual_arm
 
     res = continual_arm(TINY)["per_seed"]
     for arm in ("nondp", "clip_only", "scratch", "continual", "plateau"):
@@ -80,7 +80,7 @@ def test_continual_arm_reports_every_arm_with_membership_metrics():
 
 
 def test_trace_arm_measures_every_arm_on_the_same_batch():
-    from audit.seed_arms.bu import trace_arm
+    from experiments.arms.bu import trace_arm
 
     res = trace_arm(TINY)["per_seed"]
     rows = {k: res[f"{k}_trace"][0] for k in ("pretrain_nondp", "pretrain_dp", "finetune_dp")}
@@ -94,7 +94,7 @@ def test_trace_arm_measures_every_arm_on_the_same_batch():
 def test_trace_arm_under_bk_measures_what_it_measures_under_hooks():
     """A scale's DP steps by book-keeping (gpu_full's since its tr(H) arm was part-way): the same clipped sums
     and noise, so the DP runs' tr(H) curves and accuracies agree with the hooks run's to rounding."""
-    from audit.seed_arms.bu import trace_arm
+    from experiments.arms.bu import trace_arm
 
     runs = {m: trace_arm(TINY.with_(grad_sample_mode=m, clip=0.05))["per_seed"] for m in ("hooks", "bk")}
     for k in ("pretrain_dp", "finetune_dp"):
@@ -106,7 +106,7 @@ def test_trace_arm_under_bk_measures_what_it_measures_under_hooks():
 
 
 def test_ke_arm_equal_backbone_start_and_validation_selection():
-    from audit.seed_arms.ke import ke_arm
+    from experiments.arms.ke import ke_arm
 
     res = ke_arm(TINY)
     per = res["per_seed"]
@@ -121,8 +121,8 @@ def test_ke_arm_equal_backbone_start_and_validation_selection():
 def test_ke_lp_part_trains_the_head_alone_for_lp_ffts_total_steps(monkeypatch):
     """DP-LP, the other end of Ke et al.'s comparison: one phase, the head's parameters only, as many DP steps
     as LP-FFT (LP then FFT), at the σ of the whole ε for those steps."""
-    import audit.seed_arms.ke as ke
-    from audit.seed_arms.common import head_names, sigma_for
+    import experiments.arms.ke as ke
+    from experiments.arms.common import head_names, sigma_for
 
     specs = []
     real_train = ke.train
@@ -138,7 +138,7 @@ def test_ke_lp_part_trains_the_head_alone_for_lp_ffts_total_steps(monkeypatch):
 
 
 def test_loss_barrier_and_interpolation():
-    from audit.seed_arms.ganesh import barrier_curve, interpolate, loss_barrier
+    from experiments.arms.ganesh import barrier_curve, interpolate, loss_barrier
 
     a, b = {"w": torch.tensor([-1.0]), "n": torch.tensor(3)}, {"w": torch.tensor([1.0]), "n": torch.tensor(4)}
     assert torch.equal(interpolate(a, b, 0.0)["w"], a["w"]) and torch.equal(interpolate(a, b, 1.0)["w"], b["w"])
@@ -154,7 +154,7 @@ def test_loss_barrier_and_interpolation():
 
 
 def test_ganesh_arm_sweeps_public_budgets_and_measures_both_barriers():
-    from audit.seed_arms.ganesh import ganesh_arm
+    from experiments.arms.ganesh import ganesh_arm
 
     res = ganesh_arm(TINY)
     per = res["per_seed"]
@@ -172,22 +172,18 @@ def test_downstream_sizes_give_private_and_val_only():
 
 
 def test_per_seed_parts_merge_to_the_all_seeds_run(tmp_path, monkeypatch):
-    """benchmarks/seed_arms.py merge: one job per seed, joined, equals one job over all seeds."""
-    import sys
-    from pathlib import Path
+    """`experiments arms merge`: one job per seed, joined, equals one job over all seeds."""
+    from experiments.arms import runner
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import seed_arms
-
-    from audit.seed_arms.ganesh import ganesh_arm
+    from experiments.arms.ganesh import ganesh_arm
 
     two = TINY.with_(name="tiny2", seeds=(0, 1))
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    monkeypatch.setitem(seed_arms.SCALES, "tiny2", two)
+    monkeypatch.setattr(runner, "OUT", tmp_path)
+    monkeypatch.setitem(runner.SCALES, "tiny2", two)
     whole = ganesh_arm(two)
     for s in (1, 0):
-        seed_arms.run_arm("ganesh", "tiny2", s)
-    merged = seed_arms.merge("ganesh", "tiny2")
+        runner.run_arm("ganesh", "tiny2", s)
+    merged = runner.merge("ganesh", "tiny2")
     assert merged["seeds"] == [0, 1] and merged["scale_settings"]["seeds"] == [0, 1]
     for k, v in whole["per_seed"].items():
         assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
@@ -197,7 +193,7 @@ def test_per_seed_parts_merge_to_the_all_seeds_run(tmp_path, monkeypatch):
 def test_scale_augmentation_reaches_every_phase_and_changes_training():
     """ArmScale.augment puts the crop-and-flip in every phase (DP ones too) unless a phase names its own, and it
     changes what a seeded run learns while repeating exactly for the same seed."""
-    from audit.seed_arms.common import CROP_FLIP
+    from experiments.arms.common import CROP_FLIP
 
     data = load_arm_data(TINY)
     aug = TINY.with_(augment=True)
@@ -235,27 +231,23 @@ def test_grad_sample_mode_reaches_the_dp_phases_and_bk_trains_the_hooks_model(da
 
 @pytest.mark.parametrize("arm", ["continual", "trace"])
 def test_training_parts_merge_to_the_whole_arm(tmp_path, monkeypatch, arm):
-    """benchmarks/seed_arms.py: the continual and tr(H) arms split into one part per (seed, training), as the GPU
+    """`experiments arms`: the continual and tr(H) arms split into one part per (seed, training), as the GPU
     queue runs them, merge to the arm run whole (each training is seeded on its own); a missing part drops that
     training."""
-    import sys
-    from pathlib import Path
+    from experiments.arms import runner
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import seed_arms
-
-    from audit.seed_arms.bu import continual_arm, trace_arm
-    from audit.seed_arms.common import CONTINUAL_ARMS, TRACE_RUNS
+    from experiments.arms.bu import continual_arm, trace_arm
+    from experiments.arms.common import CONTINUAL_ARMS, TRACE_RUNS
 
     fn, names, field = {"continual": (continual_arm, CONTINUAL_ARMS, "continual_arms"),
                         "trace": (trace_arm, TRACE_RUNS, "trace_runs")}[arm]
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    monkeypatch.setitem(seed_arms.SCALES, "tiny_split", TINY.with_(name="tiny_split"))
+    monkeypatch.setattr(runner, "OUT", tmp_path)
+    monkeypatch.setitem(runner.SCALES, "tiny_split", TINY.with_(name="tiny_split"))
     whole = fn(TINY)
     for part in reversed(names):  # any order
-        seed_arms.run_arm(arm, "tiny_split", 0, part)
+        runner.run_arm(arm, "tiny_split", 0, part)
     assert len(list((tmp_path / "tiny_split" / "parts").glob(f"{arm}.s0.*.json"))) == len(names)
-    merged = seed_arms.merge(arm, "tiny_split")
+    merged = runner.merge(arm, "tiny_split")
     assert set(merged["per_seed"]) == set(whole["per_seed"])
     for k, v in whole["per_seed"].items():
         if k == "plateau_reason" or k.endswith("_trace"):
@@ -264,29 +256,25 @@ def test_training_parts_merge_to_the_whole_arm(tmp_path, monkeypatch, arm):
             assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
     assert merged["scale_settings"][field] == list(names)
     (tmp_path / "tiny_split" / "parts" / f"{arm}.s0.{names[1]}.json").unlink()
-    again = seed_arms.merge(arm, "tiny_split")
+    again = runner.merge(arm, "tiny_split")
     assert f"{names[1]}_acc" not in again["per_seed"] and f"{names[0]}_acc" in again["per_seed"]
     assert again["scale_settings"][field] == [a for a in names if a != names[1]]
     with pytest.raises(ValueError, match=field):
         fn(TINY.with_(**{field: ("noisy",)}))
     with pytest.raises(ValueError, match="seed"):
-        seed_arms.run_arm(arm, "tiny_split", None, names[0])  # a part is one seed's
+        runner.run_arm(arm, "tiny_split", None, names[0])  # a part is one seed's
 
 
 def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_path, monkeypatch):
     """The Ganesh et al. arm split per (seed, public budget or barrier pair) merges to the arm run whole, and the
     parts' DP runs add up to the whole arm's (each middle budget once, 2 runs for each barrier pair)."""
-    import sys
-    from pathlib import Path
+    from experiments.arms import runner
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import seed_arms
-
-    import audit.seed_arms.ganesh as ganesh
+    import experiments.arms.ganesh as ganesh
 
     assert ganesh.ganesh_parts(TINY) == ["public2", "same", "random"]  # budgets 0, 2, 4
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    monkeypatch.setitem(seed_arms.SCALES, "tiny_g", TINY.with_(name="tiny_g"))
+    monkeypatch.setattr(runner, "OUT", tmp_path)
+    monkeypatch.setitem(runner.SCALES, "tiny_g", TINY.with_(name="tiny_g"))
     calls = []
     real_train = ganesh.train
     monkeypatch.setattr(ganesh, "train", lambda *a, **k: calls.append(a[1][0].name) or real_train(*a, **k))
@@ -294,9 +282,9 @@ def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_
     n_whole = calls.count("private")
     calls.clear()
     for part in ("random", "public2", "same"):
-        seed_arms.run_arm("ganesh", "tiny_g", 0, part)
+        runner.run_arm("ganesh", "tiny_g", 0, part)
     assert calls.count("private") == n_whole == 5  # budgets 0, 2, 4 once, and one more run per pair
-    merged = seed_arms.merge("ganesh", "tiny_g")
+    merged = runner.merge("ganesh", "tiny_g")
     assert set(merged["per_seed"]) == set(whole["per_seed"])
     for k, v in whole["per_seed"].items():
         assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
@@ -308,17 +296,13 @@ def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_
 def test_ke_parts_share_one_source_and_merge_to_the_whole_arm_with_its_selection(tmp_path, monkeypatch):
     """The Ke et al. arm split per (seed, run): the source model is trained once for all parts (a cache of
     safetensors), the parts merge to the whole arm, and the validation-selected split is chosen after the join."""
-    import sys
-    from pathlib import Path
+    from experiments.arms import runner
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import seed_arms
-
-    import audit.seed_arms.ke as ke
+    import experiments.arms.ke as ke
 
     assert ke.ke_parts(TINY) == ["random", "zero", "lpfft25", "lpfft50", "lp"]
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    monkeypatch.setitem(seed_arms.SCALES, "tiny_k", TINY.with_(name="tiny_k"))
+    monkeypatch.setattr(runner, "OUT", tmp_path)
+    monkeypatch.setitem(runner.SCALES, "tiny_k", TINY.with_(name="tiny_k"))
     calls = []
     real_train = ke.train
     monkeypatch.setattr(ke, "train", lambda *a, **k: calls.extend(p.name for p in a[1]) or real_train(*a, **k))
@@ -326,12 +310,12 @@ def test_ke_parts_share_one_source_and_merge_to_the_whole_arm_with_its_selection
     assert calls.count("public") == 1
     calls.clear()
     for part in ("lpfft50", "zero", "lp", "lpfft25", "random"):
-        seed_arms.run_arm("ke", "tiny_k", 0, part)
+        runner.run_arm("ke", "tiny_k", 0, part)
     assert calls.count("public") == 1  # the source: trained by the first part, loaded by the others
     assert len(list((tmp_path / "tiny_k" / "pretrained").glob("ke-source-*.safetensors"))) == 1
     one = json.loads((tmp_path / "tiny_k" / "parts" / "ke.s0.lpfft25.json").read_text())
     assert "selected_split" not in one["per_seed"]  # a part alone cannot choose
-    merged = seed_arms.merge("ke", "tiny_k")
+    merged = runner.merge("ke", "tiny_k")
     assert set(merged["per_seed"]) == set(whole["per_seed"])
     for k, v in whole["per_seed"].items():
         if k.endswith("_curve") or k == "selected_split":
@@ -345,18 +329,14 @@ def test_ke_parts_share_one_source_and_merge_to_the_whole_arm_with_its_selection
 
 
 def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
-    import sys
-    from pathlib import Path
+    from experiments.arms import runner
+    from experiments.gpu import cli as gpu_cli, queue
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import seed_arms
-    import seed_gpu
+    from experiments.arms.common import CONTINUAL_ARMS
 
-    from audit.seed_arms.common import CONTINUAL_ARMS
-
-    monkeypatch.setattr(seed_arms, "OUT", tmp_path)
-    todo = seed_gpu.jobs(["vit", "continual", "ganesh", "trace", "ke"], False, scale="gpu_full")
-    seeds = seed_arms.SCALES["gpu_full"].seeds
+    monkeypatch.setattr(runner, "OUT", tmp_path)
+    todo = queue.jobs(["vit", "continual", "ganesh", "trace", "ke"], False, scale="gpu_full")
+    seeds = runner.SCALES["gpu_full"].seeds
     assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 5 + 3 + 6)
     assert [j[4] for j in todo if j[1] == "continual" and j[2] == seeds[0]] == list(CONTINUAL_ARMS)
     assert [j[4] for j in todo if j[1] == "ganesh" and j[2] == seeds[0]] == ["public10", "public30", "public100",
@@ -365,24 +345,24 @@ def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
                                                                           "finetune_dp"]
     assert [j[4] for j in todo if j[1] == "ke" and j[2] == seeds[0]] == ["random", "zero", "lpfft25", "lpfft50",
                                                                        "lpfft75", "lp"]
-    done = seed_arms.part_path("gpu_full", "continual", seeds[0], "plateau")
+    done = runner.part_path("gpu_full", "continual", seeds[0], "plateau")
     done.parent.mkdir(parents=True)
     done.write_text("{}")
-    assert len(seed_gpu.jobs(["continual"], False, scale="gpu_full")) == len(seeds) * len(CONTINUAL_ARMS) - 1
+    assert len(queue.jobs(["continual"], False, scale="gpu_full")) == len(seeds) * len(CONTINUAL_ARMS) - 1
     # an arm job names its own scale: gpu_full's ViT by default, another one by --arm-scale
     assert {j[3] for j in todo if j[1] == "vit"} == {"gpu_full_vit"} and {j[3] for j in todo if j[1] == "ke"} == {
         "gpu_full"}
-    long = seed_gpu.jobs(["vit"], False, scale="gpu_full", overrides={"vit": "gpu_full_vit_long"})
+    long = queue.jobs(["vit"], False, scale="gpu_full", overrides={"vit": "gpu_full_vit_long"})
     assert len(long) == 20 and {j[3] for j in long} == {"gpu_full_vit_long"}
     for bad in (["vit"], ["vit=nowhere"], ["nope=gpu_full"]):
         with pytest.raises(SystemExit) as exc:
-            seed_gpu.main(["run", "--scale", "gpu_full", "--arm-scale", *bad])
+            gpu_cli.main(["run", "--scale", "gpu_full", "--arm-scale", *bad])
         assert exc.value.code == 2
     # parts running on this CPU meanwhile are left out of the lease's queue, by their file's stem
     skip = frozenset({"ganesh.s4.same", "ganesh.s4.random"})
-    left = seed_gpu.jobs(["ganesh"], False, scale="gpu_full", skip=skip)
+    left = queue.jobs(["ganesh"], False, scale="gpu_full", skip=skip)
     assert len(left) == len(seeds) * 5 - 2 and not [j for j in left if j[2] == 4 and j[4] in ("same", "random")]
     for bad in (["ganesh.s9.same"], ["ganesh.s4.nope"], ["trace.s0.pretrain_dp"]):  # no such part of --arms
         with pytest.raises(SystemExit) as exc:
-            seed_gpu.main(["run", "--scale", "gpu_full", "--arms", "ganesh", "--skip", *bad])
+            gpu_cli.main(["run", "--scale", "gpu_full", "--arms", "ganesh", "--skip", *bad])
         assert exc.value.code == 2

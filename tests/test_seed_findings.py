@@ -1,28 +1,25 @@
-"""benchmarks/seed_findings.py: the verdicts it writes follow from the numbers it reads (reference computations
+"""experiments/findings/: the verdicts it writes follow from the numbers it reads (reference computations
 beside it), for the Ke et al. budget-split rows read back from a table and the ViT representation-law rows."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import seed_findings  # noqa: E402
-
-from audit.stats import fmt_p, holm, welch_from_summary  # noqa: E402
+from experiments.findings import arms as arm_rows, continual as continual_rows, finetune as finetune_rows, law, rows
+from experiments.papers.continual import sweep_points
+from experiments.stats import fmt_p, holm, welch_from_summary
 
 _LABELS = {"lp": "DP-LP (head only)", "fft": "DP-FFT (all parameters)", "lpfft25": "DP-LP-FFT, LP gets 25 % of ε",
            "lpfft50": "DP-LP-FFT, LP gets 50 % of ε", "lpfft75": "DP-LP-FFT, LP gets 75 % of ε"}
 
 
 def _table(acc: dict[tuple[str, int], tuple[float, float]], seeds: int) -> str:
-    """A finetune_strategies table in the layout benchmarks/_seed_finetune.py writes."""
+    """A finetune_strategies table in the layout experiments/papers/finetune.py writes."""
     rows = [f"| {_LABELS[k]} | {e} | {seeds} | 1.000 | {e:.3f} | {m:.1f} ± {sd:.1f} | +5 | 0.100 ± 0.001 |"
             for (k, e), (m, sd) in acc.items()]
     return "\n".join(["# t", "", "| strategy | ε | seeds | σ | claimed ε | test accuracy (%) | vs chance | drift |",
@@ -31,12 +28,10 @@ def _table(acc: dict[tuple[str, int], tuple[float, float]], seeds: int) -> str:
 
 @pytest.fixture
 def out(tmp_path, monkeypatch):
-    import _seed_rows
-
-    monkeypatch.setattr(seed_findings, "OUT", tmp_path)
+    monkeypatch.setattr(finetune_rows, "OUT", tmp_path)
     for name in ("OUT", "ROOT"):  # where the arms' results are read
-        monkeypatch.setattr(_seed_rows, name, tmp_path)
-    monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: {})  # no run directories: the table's numbers
+        monkeypatch.setattr(rows, name, tmp_path)
+    monkeypatch.setattr(finetune_rows, "_finetune_runs", lambda scale: {})  # no run directories: the table's numbers
     return tmp_path
 
 
@@ -44,8 +39,8 @@ def test_budget_split_rows_use_the_tables_seed_count_and_holm(out):
     acc = {("lp", 8): (30.0, 1.0), ("fft", 8): (20.0, 1.5), ("lpfft25", 8): (26.0, 1.2), ("lpfft50", 8): (21.0, 2.0),
            ("lpfft75", 8): (20.5, 1.0)}
     (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=5))
-    assert seed_findings._finetune_summary("cpu_hour")[("fft", 8)] == (20.0, 1.5, 5)
-    rows = seed_findings.finetune_table_rows("cpu_hour")
+    assert finetune_rows._finetune_summary("cpu_hour")[("fft", 8)] == (20.0, 1.5, 5)
+    rows = finetune_rows.finetune_table_rows("cpu_hour")
     assert len(rows) == 2 and all("| cpu_hour |" in r and "5 seeds" in r for r in rows)
     # the reference: Welch from the summaries with n = 5 per group, Holm over the three splits
     for row, other, want in ((rows[0], "fft", "reproduced"), (rows[1], "lp", "not reproduced")):
@@ -54,8 +49,8 @@ def test_budget_split_rows_use_the_tables_seed_count_and_holm(out):
         assert f"{fmt_p(ps[0])} for the largest difference" in row and f"**{want}**" in row
     # the same numbers from 2 seeds each are too few to reject anything
     (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=2))
-    assert all("**inconclusive**" in r for r in seed_findings.finetune_table_rows("cpu_hour")[:1])
-    assert seed_findings.finetune_table_rows("gpu_vit") == []  # no such table (and not a config scale)
+    assert all("**inconclusive**" in r for r in finetune_rows.finetune_table_rows("cpu_hour")[:1])
+    assert finetune_rows.finetune_table_rows("gpu_vit") == []  # no such table (and not a config scale)
 
 
 def test_budget_split_rows_test_the_per_seed_runs_when_they_are_here(out, monkeypatch):
@@ -66,14 +61,14 @@ def test_budget_split_rows_test_the_per_seed_runs_when_they_are_here(out, monkey
                                                                  ("lpfft50", 21), ("lpfft75", 20.5))}
     acc = {k: (float(np.mean(v)), float(np.std(v, ddof=1))) for k, v in raw.items()}
     (out / "finetune_strategies.cpu_hour.md").write_text(_table(acc, seeds=5))
-    monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: raw)
-    from audit.stats import welch
+    monkeypatch.setattr(finetune_rows, "_finetune_runs", lambda scale: raw)
+    from experiments.stats import welch
 
     ps = holm([welch(raw[(k, 8)], raw[("fft", 8)]).p for k in ("lpfft25", "lpfft50", "lpfft75")])
-    row = seed_findings.finetune_table_rows("cpu_hour")[0]
+    row = finetune_rows.finetune_table_rows("cpu_hour")[0]
     assert "on the per-seed runs" in row and f"{fmt_p(ps[0])} for the largest difference (25 % to LP)" in row
-    monkeypatch.setattr(seed_findings, "_finetune_runs", lambda scale: {k: v[:4] for k, v in raw.items()})
-    assert "on the table's rounded mean ± SD" in seed_findings.finetune_table_rows("cpu_hour")[0]
+    monkeypatch.setattr(finetune_rows, "_finetune_runs", lambda scale: {k: v[:4] for k, v in raw.items()})
+    assert "on the table's rounded mean ± SD" in finetune_rows.finetune_table_rows("cpu_hour")[0]
 
 
 def _vit_json(out: Path, scale: str, *, rho: dict[str, float], noise: float, seeds: int = 5,
@@ -105,25 +100,25 @@ def _vit_json(out: Path, scale: str, *, rho: dict[str, float], noise: float, see
 def test_vit_law_rows_follow_the_fits(out):
     rho = {"eps1": 0.95, "eps3": 0.9, "eps8": 0.85, "epsinf": 0.8}
     _vit_json(out, "cpu_hour_vit", rho=rho, noise=0.01)
-    rows = seed_findings.vit_rows("cpu_hour_vit")
+    rows = law.vit_rows("cpu_hour_vit")
     assert len(rows) == 5 and all("| cpu_hour_vit |" in r for r in rows)
     assert "**reproduced**" in rows[0]          # near-exact geometric decay: R² ≈ 1 at every ε
     assert "**reproduced**" in rows[3]          # ρ at ε = 1 (0.95) > ρ at ε = ∞ (0.8)
     assert "pre-trained model 52.0 ± 1.6 %" in rows[0]  # one pre-training per seed: their spread
     _vit_json(out, "cpu_hour_vit", rho=rho, noise=0.01, shared=True)
-    assert "one pre-trained model for every seed, 50.0 %" in seed_findings.vit_rows("cpu_hour_vit")[0]
+    assert "one pre-trained model for every seed, 50.0 %" in law.vit_rows("cpu_hour_vit")[0]
     _vit_json(out, "cpu_hour_vit", rho={"eps1": 0.95, "eps8": 0.85}, noise=0.01)  # a merge short of ε = ∞
-    rows = seed_findings.vit_rows("cpu_hour_vit")
+    rows = law.vit_rows("cpu_hour_vit")
     assert len(rows) == 5 and "not measured" in rows[3] and "**inconclusive**" in rows[3]
     # no geometric structure at all: D is pure noise around a constant, R² far below the bar
     _vit_json(out, "cpu_hour_vit", rho=dict.fromkeys(rho, 1.0), noise=0.5)
-    rows = seed_findings.vit_rows("cpu_hour_vit")
+    rows = law.vit_rows("cpu_hour_vit")
     assert "**not reproduced**" in rows[0] and "**reproduced**" not in rows[3]
-    assert math.isfinite(seed_findings.R2_BAR)
+    assert math.isfinite(law.R2_BAR)
 
 
 def _runs(accs: list[float], switch: int, reason: str = "decelerator") -> list[tuple]:
-    """A variant's runs as _seed_runs.groups gives them: (seed, manifest, metrics)."""
+    """A variant's runs as experiments.papers.runs.groups gives them: (seed, manifest, metrics)."""
     return [(s, {}, {"test_accuracy": a, "continual": {"switch_step": switch, "switch_reason": reason}})
             for s, a in enumerate(accs)]
 
@@ -134,13 +129,13 @@ def _decelerator_case(rule: list[float], *, switch: int, reason: str = "decelera
     g = {f"sw{i}": _runs(a, s, "steps") for i, (s, a) in enumerate(sweep_acc.items())}
     g["continual-dec"] = _runs(rule, switch, reason)
     acc = {k: [x["test_accuracy"] for _, _, x in v] for k, v in g.items()}
-    sweep = seed_findings.sweep_points(g)
+    sweep = sweep_points(g)
     best = max(sweep, key=lambda sk: sum(acc[sk[1]]))
-    return seed_findings.decelerator_rule_verdict(g, acc, sweep, best)
+    return continual_rows.decelerator_rule_verdict(g, acc, sweep, best)
 
 
 def test_decelerator_rule_verdict_follows_a_best_of_corrected_welch():
-    from audit.stats import welch
+    from experiments.stats import welch
 
     rule = [0.40, 0.405, 0.41, 0.40, 0.405]  # switched at 50, the sweep's worst point; the best is 400
     measured, test, v = _decelerator_case(rule, switch=50)
@@ -155,7 +150,7 @@ def test_decelerator_rule_verdict_follows_a_best_of_corrected_welch():
 
 
 def test_machine_line_counts_runs_per_device():
-    from _seed_runs import machine
+    from experiments.papers.runs import machine
 
     runs = [{"wall_seconds": 60.0}, {"wall_seconds": 120.0}, {"wall_seconds": 600.0}]
     gpu = {"provenance": {"device": "cuda", "torch": "2.11", "python": "3.12", "device_name": "NVIDIA H200"}}
@@ -191,14 +186,14 @@ def _ke_json(out, scale: str, *, selected: list[float], lp: list[float] | None) 
 
 def test_ke_rows_name_the_source_and_test_lp_fft_against_lp_alone(out):
     _ke_json(out, "cpu_vit_ke", selected=[0.45, 0.46, 0.44, 0.45, 0.46], lp=[0.30, 0.31, 0.29, 0.30, 0.31])
-    rows = seed_findings.ke_rows("cpu_vit_ke")
+    rows = arm_rows.ke_rows("cpu_vit_ke")
     assert len(rows) == 4
     assert "the 12-block ViT of width 64 on 8×8 patches pre-trained non-DP, 60.9 % on 1,000 cifar10 test" in rows[0]
     assert "beats DP-LP (the head alone, 1500 DP steps" in rows[3] and "**reproduced**" in rows[3]
     _ke_json(out, "cpu_vit_ke", selected=[0.30, 0.31, 0.29, 0.30, 0.31], lp=[0.45, 0.46, 0.44, 0.45, 0.46])
-    assert "**not reproduced**" in seed_findings.ke_rows("cpu_vit_ke")[3]
+    assert "**not reproduced**" in arm_rows.ke_rows("cpu_vit_ke")[3]
     _ke_json(out, "cpu_vit_ke", selected=[0.45, 0.46, 0.44, 0.45, 0.46], lp=None)  # an arm without the LP part
-    assert len(seed_findings.ke_rows("cpu_vit_ke")) == 3
+    assert len(arm_rows.ke_rows("cpu_vit_ke")) == 3
 
 
 def _summary(x: np.ndarray) -> dict[int, tuple[float, float, int]]:
@@ -210,7 +205,7 @@ def _summary(x: np.ndarray) -> dict[int, tuple[float, float, int]]:
 def test_peak_and_fall_is_calibrated_on_flat_curves():
     """The peak is the highest of 14 interior points: on flat, noisy curves (5 seeds) the fall from it must be
     called significant at most ~5 % of the time (the uncorrected two-SE rule did so ~21 % of the time)."""
-    from _seed_continual import peak_and_fall
+    from experiments.papers.continual import peak_and_fall
 
     rng = np.random.default_rng(0)
     calls = [peak_and_fall(_summary(rng.normal(size=(5, 16))))[0] for _ in range(1000)]
@@ -219,7 +214,7 @@ def test_peak_and_fall_is_calibrated_on_flat_curves():
 
 
 def test_peak_and_fall_finds_a_real_peak():
-    from _seed_continual import peak_and_fall
+    from experiments.papers.continual import peak_and_fall
 
     rng = np.random.default_rng(1)
     shape = np.concatenate([np.linspace(0, 10, 6), np.linspace(9, 2, 10)])  # peak at step 500, then down to 2
@@ -253,13 +248,13 @@ def test_trace_rows_test_the_fall_and_the_fine_tuning_mean(out):
     peaked = np.concatenate([np.linspace(0, 1000, 6), np.linspace(900, 300, 10)]) + rng.normal(scale=40, size=(5, 16))
     low = 300 + rng.normal(scale=40, size=(5, 16))
     _trace_json(out, "gpu_full", {"pretrain_nondp": flat, "pretrain_dp": flat, "finetune_dp": low})
-    shape_row, mean_row = seed_findings.trace_arm_rows("gpu_full")
+    shape_row, mean_row = arm_rows.trace_arm_rows("gpu_full")
     assert "**inconclusive**" in shape_row and "Bonferroni" in shape_row
     assert "**reproduced**" in mean_row
     means = [float(np.mean(x[:, 1:], axis=1).mean()) for x in (flat, low)]
     assert f"pre-training {means[0]:.0f} ± " in mean_row and f"fine-tuning {means[1]:.0f} ± " in mean_row
     assert f"(at the last step, descriptive: {flat[:, -1].mean():.0f} ± " in mean_row
     _trace_json(out, "gpu_full", {"pretrain_nondp": peaked, "pretrain_dp": flat, "finetune_dp": flat + 400})
-    shape_row, mean_row = seed_findings.trace_arm_rows("gpu_full")
+    shape_row, mean_row = arm_rows.trace_arm_rows("gpu_full")
     assert "pretrain_nondp: peak-and-fall (peak at 500)" in shape_row and "**reproduced**" in shape_row
     assert "**not reproduced**" in mean_row

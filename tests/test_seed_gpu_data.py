@@ -1,21 +1,17 @@
 """What travels to and from the GPU machine: the JPEG pack of CIFAR-10 decodes to the npz layout
-(benchmarks/_seed_gpu_data.py); the results pack brings back JSON and the fine-tuning source's weights, no pickle."""
+(experiments/gpu/data.py); the results pack brings back JSON and the fine-tuning source's weights, no pickle."""
 
 from __future__ import annotations
 
 import io
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def test_jpeg_pack_round_trip(tmp_path):
     from PIL import Image
 
-    import _seed_gpu_data as data
+    from experiments.gpu import data
 
     rng = np.random.default_rng(0)
     shared = tmp_path / "shared"
@@ -53,7 +49,7 @@ def test_jpeg_pack_round_trip(tmp_path):
 def test_pack_and_unpack_carry_results_and_the_source_weights_but_no_pickle(tmp_path, monkeypatch):
     import tarfile
 
-    import seed_gpu
+    from experiments.gpu import pack
 
     src, dst = tmp_path / "device", tmp_path / "here"
     files = {"results/seed_arms/gpu_full/parts/ganesh.s0.same.json": b"{}",
@@ -64,10 +60,10 @@ def test_pack_and_unpack_carry_results_and_the_source_weights_but_no_pickle(tmp_
     for name, data in files.items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_bytes(data)
-    monkeypatch.setattr(seed_gpu, "ROOT", src)
-    monkeypatch.setattr(seed_gpu, "SIGMA_CACHE", src / "results/sigma-cache")
-    monkeypatch.setattr(seed_gpu, "LOG", src / "results/seed_gpu_jobs.jsonl")
-    seed_gpu.pack(tmp_path / "x.tgz")
+    monkeypatch.setattr(pack, "ROOT", src)
+    monkeypatch.setattr(pack, "SIGMA_CACHE", src / "results/sigma-cache")
+    monkeypatch.setattr(pack, "LOG", src / "results/seed_gpu_jobs.jsonl")
+    pack.pack(tmp_path / "x.tgz")
     with tarfile.open(tmp_path / "x.tgz") as tar:
         assert sorted(tar.getnames()) == sorted(list(files)[:3])
     with tarfile.open(tmp_path / "x.tgz", "r:gz") as tar:  # then a pack someone tampered with
@@ -77,8 +73,8 @@ def test_pack_and_unpack_carry_results_and_the_source_weights_but_no_pickle(tmp_
                                   (tarfile.TarInfo("results/../outside.json"), b"{}")]:
             m.size = len(data)
             tar.addfile(m, io.BytesIO(data))
-    monkeypatch.setattr(seed_gpu, "ROOT", dst)
-    seed_gpu.unpack(tmp_path / "y.tgz")
+    monkeypatch.setattr(pack, "ROOT", dst)
+    pack.unpack(tmp_path / "y.tgz")
     got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
     assert got == sorted(list(files)[:3]) and not (tmp_path / "outside.json").exists()
     assert (dst / list(files)[2]).read_bytes() == b"weights"

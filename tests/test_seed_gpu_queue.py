@@ -1,22 +1,19 @@
-"""benchmarks/seed_gpu.py's job queue, which spends scarce GPU minutes: the soft deadline counts from the ready
+"""experiments.gpu.queue, which spends scarce GPU minutes: the soft deadline counts from the ready
 queue, a failing job is logged while the others go on, and the hard deadline stops a job that would overrun."""
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import seed_gpu  # noqa: E402
+from experiments.gpu import queue
 
 
 def fake_job(kind, name, key, base="gpu", part=None):
-    """Stands in for seed_gpu._job in the worker processes: ``name`` says how it behaves."""
+    """Stands in for experiments.gpu.queue._job in the worker processes: ``name`` says how it behaves."""
     t0 = time.time()
     if name == "boom":
         raise RuntimeError("the job broke")
@@ -30,10 +27,10 @@ def _run(monkeypatch, tmp_path, todo, *, setup=0.0, **kw):
         time.sleep(setup)  # the imports and the scan of finished runs, before the queue is ready
         return list(todo)
 
-    monkeypatch.setattr(seed_gpu, "jobs", pending)
-    monkeypatch.setattr(seed_gpu, "SIGMA_CACHE", tmp_path / "sigma")
+    monkeypatch.setattr(queue, "jobs", pending)
+    monkeypatch.setattr(queue, "SIGMA_CACHE", tmp_path / "sigma")
     log = tmp_path / "jobs.jsonl"
-    seed_gpu.run([], True, kw.pop("workers", 2), kw.pop("soft"), kw.pop("hard"), job=fake_job, log_path=log, **kw)
+    queue.run([], True, kw.pop("workers", 2), kw.pop("soft"), kw.pop("hard"), job=fake_job, log_path=log, **kw)
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
@@ -87,15 +84,15 @@ def test_jobs_that_can_never_start_end_the_queue(monkeypatch, tmp_path, capsys):
 
 
 def test_the_fine_tuning_variants_queue_behind_their_source(monkeypatch, tmp_path):
-    monkeypatch.setattr(seed_gpu, "ROOT", tmp_path)  # no run has finished under this root
-    todo = seed_gpu.jobs([], True, scale="gpu_full", configs=("finetune",))
-    assert seed_gpu._label(todo[0]) == "finetune_source" and len(todo) == 1 + 5 * 2 * 5  # 5 seeds × 2 ε × 5 ways
-    assert seed_gpu.ready(todo[0]) and not any(seed_gpu.ready(j) for j in todo[1:])
+    monkeypatch.setattr(queue, "ROOT", tmp_path)  # no run has finished under this root
+    todo = queue.jobs([], True, scale="gpu_full", configs=("finetune",))
+    assert queue._label(todo[0]) == "finetune_source" and len(todo) == 1 + 5 * 2 * 5  # 5 seeds × 2 ε × 5 ways
+    assert queue.ready(todo[0]) and not any(queue.ready(j) for j in todo[1:])
     assert [j[2] for j in todo[1:6]] == ["lp-e1-s0", "fft-e1-s0", "lpfft25-e1-s0", "lpfft50-e1-s0", "lpfft75-e1-s0"]
     source = tmp_path / "results/experiments-gpu-full/ft-source"
     source.mkdir(parents=True)
     for f in ("manifest.json", "metrics.json"):
         (source / f).write_text("{}")
-    todo = seed_gpu.jobs([], True, ["lpfft50-e8"], scale="gpu_full", configs=("finetune",))
-    assert [j[2] for j in todo] == [f"lpfft50-e8-s{s}" for s in range(5)] and all(seed_gpu.ready(j) for j in todo)
-    assert seed_gpu.jobs([], False, scale="gpu_full", configs=("finetune",)) == []  # --no-runs
+    todo = queue.jobs([], True, ["lpfft50-e8"], scale="gpu_full", configs=("finetune",))
+    assert [j[2] for j in todo] == [f"lpfft50-e8-s{s}" for s in range(5)] and all(queue.ready(j) for j in todo)
+    assert queue.jobs([], False, scale="gpu_full", configs=("finetune",)) == []  # --no-runs

@@ -1,4 +1,4 @@
-"""audit.stats against slow, obviously correct references (scipy, explicit loops)."""
+"""experiments.stats against slow, obviously correct references (scipy, explicit loops)."""
 
 import itertools
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from audit.stats import (bonferroni, chance_test, fmt_mean_sd, holm, linear_fit, mean_ci, mean_sd, pooled_sd,
+from experiments.stats import (bonferroni, chance_test, fmt_mean_sd, holm, linear_fit, mean_ci, mean_sd, pooled_sd,
                          verdict, welch)
 
 
@@ -26,7 +26,7 @@ def test_welch_matches_scipy_on_random_groups():
 
 
 def test_welch_from_summary_matches_scipy_from_stats():
-    from audit.stats import welch_from_summary
+    from experiments.stats import welch_from_summary
 
     ref = sps.ttest_ind_from_stats(18.6, 0.5, 3, 12.3, 2.5, 3, equal_var=False)
     got = welch_from_summary(18.6, 0.5, 3, 12.3, 2.5, 3)

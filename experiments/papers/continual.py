@@ -1,6 +1,6 @@
 """Tables of the continual pre-training experiment (Bu et al. 2024): ``continual_pretrain.md`` and ``decelerator.md``.
 
-Every statistic comes from :mod:`audit.stats` (within-group pooled SD, Welch's t with Holm's correction over the
+Every statistic comes from :mod:`experiments.stats` (within-group pooled SD, Welch's t with Holm's correction over the
 comparisons made against DP from scratch, "reproduced" only when the corrected test rejects in the paper's
 direction). tr(H) is read from the runs' metrics history: one fixed batch of test images in every arm
 (:func:`training.recipes.common.make_monitor`), with the standard error of each estimate over its probes.
@@ -12,8 +12,8 @@ import math
 import statistics
 from collections import defaultdict
 
-from audit.stats import fmt_mean_sd, fmt_p, holm, mean_sd, pooled_sd, verdict, welch
-from _seed_runs import CONFIGS, SCALES, closing, groups, hist, remake, scale_config
+from experiments.stats import fmt_mean_sd, fmt_p, holm, mean_sd, pooled_sd, verdict, welch
+from experiments.papers.runs import CONFIGS, SCALES, closing, groups, hist, remake, scale_config
 
 ARMS = (("nondp", "non-DP (same steps)"), ("scratch", "DP from scratch"), ("continual", "DP continual pre-training"),
         ("continual-dec", "DP continual pre-training, decelerator rule"))
@@ -155,7 +155,7 @@ def peak_and_fall(curve: dict[int, tuple[float, float, int]], *, family: int = 1
     ("peak-and-fall", peak step), ("interior peak, fall within the noise", peak step), ("interior peak, too few
     seeds to test the fall", peak step) below 2 seeds, ("rising", None) when the last point is the highest,
     ("highest at the start", None) when the first is, or ("too few points", None)."""
-    from audit.stats import welch_from_summary
+    from experiments.stats import welch_from_summary
 
     pts = {s: v for s, v in curve.items() if math.isfinite(v[0])}
     if len(pts) < 3:

@@ -2,22 +2,22 @@
 
 * Bu et al. 2024 (DP continual pre-training; the decelerator σ²·tr(H)/(B·c²)):
   ``eval_configs/experiments/continual_pretrain.yaml`` → ``continual_pretrain.md`` and ``decelerator.md``
-  (:mod:`_seed_continual`).
+  (:mod:`experiments.papers.continual`).
 * Ke, Hou, Fanti, Oh 2024 (DP-LP vs DP-FFT vs DP-LP-FFT with the ε budget split):
   ``eval_configs/experiments/finetune_source.yaml`` then ``finetune_strategies.yaml`` → ``finetune_strategies.md``
-  (:mod:`_seed_finetune`).
+  (:mod:`experiments.papers.finetune`).
 
 The arms these configs cannot express (σ = 0, head inits, the Ganesh et al. sweep and loss barriers, ...) are in
-``benchmarks/seed_arms.py``; ``results/reference/seed_findings.md`` gathers every claim.
+:mod:`experiments.arms`; ``results/reference/seed_findings.md`` gathers every claim.
 
 Usage (from the repository root; needs ``../shared/data``)::
 
-    python benchmarks/seed_papers.py run continual finetune_source finetune --workers 2 [--scale full]
-    python benchmarks/seed_papers.py tables [--scale full]
+    python -m experiments papers run continual finetune_source finetune --workers 2 [--scale full]
+    python -m experiments papers tables [--scale full]
 
 ``run`` is ``audit run CONFIG --steps train`` (the same library call, :func:`audit.pipeline.run_pipeline`) with the
 variants spread over ``--workers`` processes of one thread each. Runs that are already complete are skipped,
-interrupted ones resume. ``--scale`` picks the seeds, steps and sizes (:data:`_seed_runs.SCALES`: ``cpu`` = the
+interrupted ones resume. ``--scale`` picks the seeds, steps and sizes (:data:`experiments.papers.runs.SCALES`: ``cpu`` = the
 configs as committed, ``full`` = issue 16's scale in its own output directory). ``tables`` reads the run
 directories and writes the markdown tables: every number in them comes from those files.
 """
@@ -26,18 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _seed_runs import CONFIGS, OUT, ROOT, SCALES, run  # noqa: E402
+from experiments.papers.runs import CONFIGS, OUT, ROOT, SCALES, run
 
 
 def tables(scale: str) -> None:
-    from _seed_continual import table_continual, table_decelerator
-    from _seed_finetune import table_finetune
+    from experiments.papers.continual import table_continual, table_decelerator
+    from experiments.papers.finetune import table_finetune
     from foundation.io import write_text
 
     os.chdir(ROOT)
@@ -52,8 +47,8 @@ def tables(scale: str) -> None:
         print(f"wrote {OUT / f'{name}{suffix}.md'}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m experiments papers") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="train the experiment configs' variants (audit run --steps train)")
     p_run.add_argument("names", nargs="+", choices=sorted(CONFIGS))

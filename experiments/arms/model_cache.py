@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from audit.seed_arms.common import AFTER_FIT_FIELDS, PART_FIELDS, ArmScale
+from experiments.arms.common import AFTER_FIT_FIELDS, PART_FIELDS, ArmScale
 from training.data import ImageSet
 
 __all__ = ["fit_key", "cached_fit", "cache_path", "adopt_cached", "cached_origin", "PORTABLE_KEY_FIELDS"]

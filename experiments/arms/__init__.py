@@ -1,19 +1,19 @@
 """The seed papers' arms that the experiment configs cannot express, as library functions over an :class:`ArmScale`.
 
-* ``continual`` (:func:`~audit.seed_arms.bu.continual_arm`): Bu et al. 2024 — σ = 0 clipping-only arm, the plateau
+* ``continual`` (:func:`~experiments.arms.bu.continual_arm`): Bu et al. 2024 — σ = 0 clipping-only arm, the plateau
   switch rule, membership inference of continual checkpoints;
-* ``trace`` (:func:`~audit.seed_arms.bu.trace_arm`): Bu et al. 2024 — tr(H) in pre-training vs fine-tuning, and
+* ``trace`` (:func:`~experiments.arms.bu.trace_arm`): Bu et al. 2024 — tr(H) in pre-training vs fine-tuning, and
   whether it peaks and falls;
-* ``ke`` (:func:`~audit.seed_arms.ke.ke_arm`): Ke et al. 2024 — head init random / zero / LP-aligned at equal
+* ``ke`` (:func:`~experiments.arms.ke.ke_arm`): Ke et al. 2024 — head init random / zero / LP-aligned at equal
   backbone steps, head learning rate by parameter group, kNN feature quality over time, the LP share of ε chosen
   on held-out data;
-* ``ganesh`` (:func:`~audit.seed_arms.ganesh.ganesh_arm`): Ganesh et al. 2023 — public pre-training budget sweep
+* ``ganesh`` (:func:`~experiments.arms.ganesh.ganesh_arm`): Ganesh et al. 2023 — public pre-training budget sweep
   and loss barriers between DP runs from one public init vs from random inits;
-* ``vit`` (:func:`~audit.seed_arms.vit.vit_arm`): the representation law — a 12-block ViT pre-trained on public
+* ``vit`` (:func:`~experiments.arms.vit.vit_arm`): the representation law — a 12-block ViT pre-trained on public
   images, DP fine-tuned at ε ∈ {1, 3, 8, ∞}, untuned vs tuned by a public-data learning-rate search, per-block
   separation fuzziness and prediction residual with their geometric fits.
 
-Each returns a JSON-able dict with ``per_seed`` lists; ``benchmarks/seed_arms.py`` runs them at a named scale and
+Each returns a JSON-able dict with ``per_seed`` lists; :mod:`experiments.arms.runner` runs them at a named scale and
 ``results/reference/seed_findings.md`` states what they show. :data:`SPLITS` says how one seed of each arm splits
 into independent parts (a GPU queue runs one job each; joined, they are the arm run whole).
 
@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from audit.seed_arms.bu import continual_arm, trace_arm
-from audit.seed_arms.common import CONTINUAL_ARMS, TRACE_RUNS, ArmScale, chosen_parts
-from audit.seed_arms.ganesh import ganesh_arm, ganesh_parts
-from audit.seed_arms.ke import ke_arm, ke_parts
-from audit.seed_arms.vit import eps_tag, vit_arm
+from experiments.arms.bu import continual_arm, trace_arm
+from experiments.arms.common import CONTINUAL_ARMS, TRACE_RUNS, ArmScale, chosen_parts
+from experiments.arms.ganesh import ganesh_arm, ganesh_parts
+from experiments.arms.ke import ke_arm, ke_parts
+from experiments.arms.vit import eps_tag, vit_arm
 
 __all__ = ["ARMS", "SPLITS", "Split", "ArmScale", "continual_arm", "trace_arm", "ke_arm", "ganesh_arm", "vit_arm"]
 

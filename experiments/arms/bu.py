@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (CONTINUAL_ARMS, TRACE_RUNS, ArmScale, TraceLogger, build, chosen_parts,
+from experiments.arms.common import (CONTINUAL_ARMS, TRACE_RUNS, ArmScale, TraceLogger, build, chosen_parts,
                                     load_arm_data, per_seed, phase, sigma_for, test_acc, train, train_dynamic)
 
 __all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run", "CONTINUAL_ARMS", "TRACE_RUNS"]

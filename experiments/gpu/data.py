@@ -1,4 +1,4 @@
-"""The data :mod:`seed_gpu` sends to the GPU machine, which takes a 64 MiB working tree and nothing else:
+"""The data :mod:`experiments.gpu` sends to the GPU machine, which takes a 64 MiB working tree and nothing else:
 ``prepare`` writes ``.device_data/`` as arrays (the ``gpu`` scale's slice), ``pack_jpeg`` all of CIFAR-10 and a
 Food-101 slice as JPEG in ~52 MiB (the ``gpu_full`` scale), ``unpack_jpeg`` decodes that on the device into the
 npz layout every loader reads. Every draw is seeded."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from experiments.paths import ROOT
 DATA = ROOT / ".device_data"
 
 

@@ -4,8 +4,8 @@ A *scale* is the same experiment configs with other seeds, steps and sizes (:dat
 configs in ``eval_configs/experiments`` hold except that tr(H) is measured 3 times with 8 probes (on a shared
 2-core CPU one 256-image, 32-probe estimate of the small CNN takes about a minute; the numbers in
 ``results/reference`` come from this scale), ``full`` is the issue-16 scale (≥ 1,000 steps, 5 seeds, larger
-data; meant for a GPU) written to its own output directory, so ``python benchmarks/seed_papers.py run continual
-finetune_source finetune --scale full && python benchmarks/seed_papers.py tables --scale full`` is the whole re-run.
+data; meant for a GPU) written to its own output directory, so ``python -m experiments papers run continual
+finetune_source finetune --scale full && python -m experiments papers tables --scale full`` is the whole re-run.
 
 Variants named ``<base>-s<seed>`` are re-drawn for the scale's seeds (the base variant's overrides with
 ``training.seed`` replaced), so a config lists each arm once per seed at CPU scale and the full scale adds seeds.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from experiments.paths import ROOT
 EXPERIMENTS = ROOT / "eval_configs/experiments"
 CONFIGS = {
     "continual": EXPERIMENTS / "continual_pretrain.yaml",
@@ -87,7 +87,7 @@ SCALES = {
         variant_overrides=_sweep(0, 15, 30, 60, 120)),
     "gpu_full": Scale(
         name="gpu_full", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu-full",
-        description="issue 16's scale on all of CIFAR-10 carried as JPEG (seed_gpu.py prepare --jpeg / decode): "
+        description="issue 16's scale on all of CIFAR-10 carried as JPEG (experiments gpu prepare --jpeg / decode): "
                     "20,000 private images, 1,000 steps of batch 256, ResNet-20, random crops and flips in every "
                     "arm, 5 seeds",
         # crops and flips: non-DP ResNet-20 on these 20,000 images reaches 56.1 % without them (seed 0) and 63.2 ± 0.9 %
@@ -123,7 +123,7 @@ SCALES = {
     "gpu": Scale(
         name="gpu", seeds=(0, 1, 2, 3, 4), output_dir="results/experiments-gpu",
         description="issue 16 on one H100: 1,000 steps of batch 256, 5 seeds, ResNet-20, 8,000 private CIFAR-10 "
-                    "images, 2,000 disjoint public ones (benchmarks/seed_gpu.py; .device_data/ is what fits the "
+                    "images, 2,000 disjoint public ones (experiments/gpu/; .device_data/ is what fits the "
                     "GPU machine's 64 MiB upload)",
         overrides={"continual": {**_GPU_CONTINUAL, "data.root": ".device_data/cifar10", "data.pool_size": 8000,
                                  "data.test_size": 2000, "training.continual.public.root":
@@ -168,7 +168,7 @@ def _run_one(name: str, scale_name: str, variant: str | None) -> tuple[str | Non
     t0 = time.perf_counter()
     cfg = scale_config(name, SCALES[scale_name])
     res = run_pipeline(config=cfg, variants=[variant] if variant else None, steps=("train",), progress=False,
-                       command=f"python benchmarks/seed_papers.py run {name} --scale {scale_name} ({variant})",
+                       command=f"python -m experiments papers run {name} --scale {scale_name} ({variant})",
                        log=lambda _msg: None)
     return variant, time.perf_counter() - t0, res[0].steps[0].status
 
@@ -247,7 +247,7 @@ def machine(runs: list[dict], manifests: list[dict] | None = None, scale: str | 
         # the GPU the manifests name (they do since 2026-11), else the one the scale records for its older runs
         gpu = (f"one lent {' / '.join(names)} shared by several runs at a time" if names else
                (SCALES[scale].gpu if scale in SCALES else "") or "one lent GPU shared by several runs at a time")
-        parts.append(f"device {dev} ({'; '.join(soft)}): {gpu} (`benchmarks/seed_gpu.py`), so a run's wall time is "
+        parts.append(f"device {dev} ({'; '.join(soft)}): {gpu} (`experiments/gpu/`), so a run's wall time is "
                      f"not its speed alone; {total(rs)}")
     return " — ".join(parts)
 
@@ -266,11 +266,11 @@ def hist(metrics: dict, key: str) -> dict[int, float]:
 def remake(names: str, scale: str) -> str:
     """The Re-make line of a table."""
     flag = "" if scale == "cpu" else f" --scale {scale}"
-    if SCALES[scale].gpu:  # trained on a lent GPU through seed_gpu.py's job queue, tabled here
+    if SCALES[scale].gpu:  # trained on a lent GPU through experiments.gpu's job queue, tabled here
         configs = " --configs finetune" if "finetune" in names.split() else ""
-        return (f"Re-make: `python benchmarks/seed_gpu.py run --scale {scale} --arms{configs}` on the GPU machine (its "
-                f"docstring has the data and wheels to carry; then `python benchmarks/seed_gpu.py unpack PACK` here) "
-                f"or on a CPU with `--workers 2` (the Machine line says where these ran), then `python "
-                f"benchmarks/seed_papers.py tables{flag}`")
-    return (f"Re-make: `python benchmarks/seed_papers.py run {names} --workers 2{flag} && python "
-            f"benchmarks/seed_papers.py tables{flag}`")
+        return (f"Re-make: `python -m experiments gpu run --scale {scale} --arms{configs}` on the GPU machine (its "
+                f"docstring has the data and wheels to carry; then `python -m experiments gpu unpack PACK` here) "
+                f"or on a CPU with `--workers 2` (the Machine line says where these ran), then `python -m "
+                f"experiments papers tables{flag}`")
+    return (f"Re-make: `python -m experiments papers run {names} --workers 2{flag} && python -m "
+            f"experiments papers tables{flag}`")

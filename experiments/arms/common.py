@@ -37,17 +37,17 @@ __all__ = ["CROP_FLIP", "CONTINUAL_ARMS", "TRACE_RUNS", "ArmScale", "ArmData", "
 CROP_FLIP = AugmentConfig(crop_padding=4, flip=True)
 
 
-#: the trainings of the continual arm (:func:`audit.seed_arms.bu.continual_arm`), each one model per seed
+#: the trainings of the continual arm (:func:`experiments.arms.bu.continual_arm`), each one model per seed
 CONTINUAL_ARMS = ("nondp", "clip_only", "scratch", "continual", "plateau")
 #: the Ke et al. arm's source models (``ArmScale.ke_source``)
 KE_SOURCES = ("arch", "vit")
-#: the trainings of the tr(H) arm (:func:`audit.seed_arms.bu.trace_arm`), each one model per seed
+#: the trainings of the tr(H) arm (:func:`experiments.arms.bu.trace_arm`), each one model per seed
 TRACE_RUNS = ("pretrain_nondp", "pretrain_dp", "finetune_dp")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ArmScale:
-    """Sizes, steps, seeds and privacy of every arm at one scale (see ``benchmarks/seed_arms.py`` for the named ones).
+    """Sizes, steps, seeds and privacy of every arm at one scale (see :mod:`experiments.arms.scales` for the named ones).
 
     ``steps`` is the private (DP) phase of each arm; ``switch`` the public steps of the continual arms;
     ``public_steps`` the Ganesh et al. sweep; tr(H) uses ``hessian_batch`` test images and ``hessian_probes`` probes
@@ -55,7 +55,7 @@ class ArmScale:
     unless ``noise_multiplier`` fixes it (then no ε is claimed: tests). The downstream (fine-tuning) data of the Ke
     et al. arm has ``downstream_private`` private and ``downstream_val`` validation images (when given; else the
     pre-training sizes) and then no public part. The ``vit_*`` fields belong to the ViT arm
-    (:mod:`audit.seed_arms.vit`): its timm architecture and kwargs, its learning rate (None: ``lr``), its ε grid
+    (:mod:`experiments.arms.vit`): its timm architecture and kwargs, its learning rate (None: ``lr``), its ε grid
     (``inf``: non-DP), the tuning search (``vit_trials`` trials of ``vit_trial_steps`` steps, learning rates
     log-uniform in ``lr`` times ``vit_lr_range``, on the ``vit_tune_fraction`` of the public images held out of
     pre-training), ``vit_probe_images`` test images for the per-block features, ``vit_public`` public images
@@ -69,12 +69,12 @@ class ArmScale:
     ``grad_sample_mode`` is how the DP phases get their clipped per-example gradients (``privacy.grad_sample_mode``:
     the same clipped sums by any mode; ``bk`` takes one backward pass and no per-example gradient of the linear
     layers, which makes a ViT's DP step several times cheaper). ``continual_arms`` names the trainings of the
-    continual arm to run (:func:`audit.seed_arms.bu.continual_arm`; all five by default; one each when a GPU queue
+    continual arm to run (:func:`experiments.arms.bu.continual_arm`; all five by default; one each when a GPU queue
     splits a seed into parts); ``ganesh_parts`` the parts of the Ganesh et al. arm
-    (:func:`audit.seed_arms.ganesh.ganesh_parts`; None: all); ``trace_runs`` the tr(H) arm's trainings;
-    ``ke_parts`` the Ke et al. arm's runs (:func:`audit.seed_arms.ke.ke_parts`; None: all). ``ke_source`` is the
+    (:func:`experiments.arms.ganesh.ganesh_parts`; None: all); ``trace_runs`` the tr(H) arm's trainings;
+    ``ke_parts`` the Ke et al. arm's runs (:func:`experiments.arms.ke.ke_parts`; None: all). ``ke_source`` is the
     Ke et al. arm's pre-trained source model: ``arch`` (``scale.arch`` trained non-DP for ``source_steps`` on the
-    public images) or ``vit`` (the ViT arm's public pre-training, :func:`audit.seed_arms.vit.pretrained_vit`, seed 0,
+    public images) or ``vit`` (the ViT arm's public pre-training, :func:`experiments.arms.vit.pretrained_vit`, seed 0,
     fine-tuned at ``vit_lr``).
     """
 
@@ -330,7 +330,7 @@ def chosen_parts(scale: ArmScale, field: str, every: Sequence[str]) -> list[str]
     return parts
 
 
-#: scale fields that differ between the part jobs of one run (``benchmarks/seed_arms.py``'s splits) and do not
+#: scale fields that differ between the part jobs of one run (:mod:`experiments.arms.runner`'s splits) and do not
 #: touch a model that the parts share (a seed's pre-trained ViT, the Ke et al. arm's source model)
 PART_FIELDS = ("seeds", "vit_epsilons", "continual_arms", "ganesh_parts", "trace_runs", "ke_parts")
 #: scale fields read only after a shared (public, non-DP) model is trained: the scale's name, the DP and

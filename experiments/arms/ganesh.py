@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmScale, build, chosen_parts, load_arm_data, per_seed, phase, sigma_for, test_acc,
+from experiments.arms.common import (ArmScale, build, chosen_parts, load_arm_data, per_seed, phase, sigma_for, test_acc,
                                     train)
 
 __all__ = ["interpolate", "loss_barrier", "barrier_curve", "ganesh_arm", "ganesh_parts"]

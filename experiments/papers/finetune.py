@@ -2,10 +2,10 @@
 
 No budget split is chosen on the test set: each of the three DP-LP-FFT splits is compared with DP-FFT and with
 DP-LP (Welch's t on per-seed test accuracy), and the three p-values of each comparison family are Holm-corrected
-(:mod:`audit.stats`); a claim is "reproduced" only when a corrected p < 0.05 in the paper's direction. Arms whose
+(:mod:`experiments.stats`); a claim is "reproduced" only when a corrected p < 0.05 in the paper's direction. Arms whose
 mean accuracy is within 5 points of chance are flagged: a comparison with an arm that learned next to nothing says
 little about feature distortion. (Selecting the split on a held-out validation split is the Ke arm of
-``benchmarks/seed_arms.py``.)
+``experiments/arms/``.)
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from audit.stats import chance_test, fmt_mean_sd, fmt_p, holm, verdict, welch
-from _seed_runs import ROOT, SCALES, closing, groups, read_run, remake, scale_config
+from experiments.stats import chance_test, fmt_mean_sd, fmt_p, holm, verdict, welch
+from experiments.papers.runs import ROOT, SCALES, closing, groups, read_run, remake, scale_config
 
 STRATEGIES = (("lp", "DP-LP (head only)"), ("fft", "DP-FFT (all parameters)"),
               ("lpfft25", "DP-LP-FFT, LP gets 25 % of ε"), ("lpfft50", "DP-LP-FFT, LP gets 50 % of ε"),
@@ -112,7 +112,7 @@ def table_finetune(scale: str = "cpu") -> str | None:
     if lp_lr != fft_lr:
         findings.append(f"- Caveat: the learning rate is {lp_lr:g} in LP phases and {fft_lr:g} in FFT (one rate per "
                         f"phase), so in DP-FFT the new head learns {lp_lr / fft_lr:g}x slower than in DP-LP; the Ke "
-                        "arm of `benchmarks/seed_arms.py` sets the head's rate by parameter group instead.")
+                        "arm of `experiments/arms/` sets the head's rate by parameter group instead.")
     src_acc = f"{100 * src_read[1]['test_accuracy']:.1f} %" if src_read else "–"
     all_runs = [x for runs in g.values() for _, _, x in runs]
     manifests = [m for runs in g.values() for _, m, _ in runs]  # where each ran: a lease's GPU or this CPU

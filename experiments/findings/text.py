@@ -1,6 +1,6 @@
 """The prose of ``results/reference/seed_findings.md`` around its table: the scales, and what the rows say in words.
 
-Kept apart from :mod:`seed_findings` (which computes every number in the table) because it is written by hand after
+Kept apart from :mod:`experiments.findings` (which computes every number in the table) because it is written by hand after
 reading a run's table: when the numbers change, re-read the table and update these paragraphs.
 """
 
@@ -9,7 +9,7 @@ SCALE_NOTE = [
     "results.",
     "",
     "* `gpu_full`: one lent NVIDIA H200, 15 minutes of device time (one 500 s command, then a 143 s one that "
-    "resumed the queue). All of CIFAR-10 carried as JPEG (`seed_gpu.py prepare --jpeg`, decoded there). The "
+    "resumed the queue). All of CIFAR-10 carried as JPEG (`experiments gpu prepare --jpeg`, decoded there). The "
     "continual-pretraining config at issue 16's sizes: ResNet-20, 20,000 private images, 1,000 steps of batch 256 "
     "with random crops and flips in every phase, 10,000 test images, 5 seeds; the switch-point sweep {0, 50, 100, "
     "200, 400} public steps (5,000 public images drawn apart from the private pool, 2,780 left after dropping "
@@ -57,7 +57,7 @@ SCALE_NOTE = [
     "1e-5), DP steps by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search on 2,000 further "
     "public images, so tuning costs no privacy. Per-block statistics on 1,000 held-out test images. The lease ran "
     "the pre-training and 12 of the 20 (seed, ε) jobs (20 at once; its deadline stopped the other 8 seconds "
-    "short); the 8 ran on this CPU from the lease's weights (`seed_arms.py adopt`), one thread each, "
+    "short); the 8 ran on this CPU from the lease's weights (`experiments arms adopt`), one thread each, "
     "about 26 minutes a job, two at a time (1,529-1,594 s). The JSON's `mixed_machines` says which part ran "
     "where.",
     "* `cpu_vit_long` (its rows left the table for `gpu_full_vit_long`'s, the wider ViT; its pre-trained model is "
@@ -66,13 +66,13 @@ SCALE_NOTE = [
     "ViT of width 64 (4 heads, 8×8 patches: 16 tokens plus the class token, 614k parameters) is pre-trained once, "
     "non-DP, for 16,000 steps of batch 128 on 22,500 public CIFAR-10 images with crops and flips and a cosine "
     "learning rate (400 warm-up steps; 38 minutes on one core): 60.9 % on the arm's 1,000 test images, 63.9 % on "
-    "all 10,000 (`python benchmarks/seed_arms.py pretrained --scale cpu_vit_long` scores the jobs' cached model on "
+    "all 10,000 (`python -m experiments arms pretrained --scale cpu_vit_long` scores the jobs' cached model on "
     "the whole test split). Every seed starts from that one model "
     "and varies the fine-tuning's batches and noise and the search. For each ε ∈ {1, 3, 8, ∞}, 300 fine-tuning "
     "steps of batch 128 on 5,000 disjoint private images, σ by PLD (1.888 / 0.976 / 0.658, δ = 1e-5), DP steps "
     "by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search on 2,500 further public images "
     "(half to train, half to score), so tuning costs no privacy. Per-block statistics on 1,000 held-out test "
-    "images. 20 (seed, ε) jobs of about 2.5 minutes each on one core (`seed_gpu.py run --scale gpu_full --arms vit "
+    "images. 20 (seed, ε) jobs of about 2.5 minutes each on one core (`experiments gpu run --scale gpu_full --arms vit "
     "--no-runs --arm-scale vit=cpu_vit_long`, which shares the pre-training between the jobs).",
     "* `cpu_vit_ke`: Ke et al.'s arm on this 2-core CPU with a source past the issue's 60 %: `cpu_vit_long`'s "
     "pre-trained ViT (60.9 % on the arm's 1,000 CIFAR-10 test images, 63.9 % on all 10,000; the same cached model, "
@@ -82,7 +82,7 @@ SCALE_NOTE = [
     "FFT alone), learning rate 1e-3 (AdamW) with the head's ×5 by parameter group; LP-FFT adds 500 head-only steps "
     "before them and splits ε between the phases (25 / 50 / 75 % to LP), DP-LP alone takes 1,500 head-only steps "
     "at the whole ε. DP steps by book-keeping. 30 (seed, run) jobs of 3-9 minutes on one core "
-    "(`seed_gpu.py run --scale gpu_full --arms ke --no-runs --arm-scale ke=cpu_vit_ke`).",
+    "(`experiments gpu run --scale gpu_full --arms ke --no-runs --arm-scale ke=cpu_vit_ke`).",
     "* `gpu_full_vit` (its rows left the table for `gpu_full_vit_long`'s, whose pre-trained model is past 60 %; its "
     "JSON stays in `seed_arms/`): the ViT arm on one lent NVIDIA H200, in one 444 s command (20 (seed, ε) jobs "
     "at once, the "

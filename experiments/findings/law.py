@@ -1,5 +1,5 @@
 """The representation-law rows of ``seed_findings.md``: a 12-block ViT's per-block fuzziness D and prediction
-residual fitted geometrically over the blocks, by ε, tuned vs untuned (the arm is :mod:`audit.seed_arms.vit`)."""
+residual fitted geometrically over the blocks, by ε, tuned vs untuned (the arm is :mod:`experiments.arms.vit`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import statistics
 from typing import Any
 
-from audit.stats import fmt_mean_sd, fmt_p, holm, verdict, welch
-from _seed_rows import arm_result, arms_cmd, greater, pct, row
+from experiments.stats import fmt_mean_sd, fmt_p, holm, verdict, welch
+from experiments.findings.rows import arm_result, arms_cmd, greater, pct, row
 
 VIT_EPS = (("eps1", "1"), ("eps3", "3"), ("eps8", "8"), ("epsinf", "∞"))
 R2_BAR = 0.9

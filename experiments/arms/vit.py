@@ -8,7 +8,7 @@ Transformer keeps that law, and how ε and hyper-parameter tuning move it. Per s
 1. a ``scale.vit_arch`` ViT (timm, ``scale.vit_kwargs``; patch 4 on 32×32 images through the project's model
    builder, Opacus-ready) is pre-trained non-DP for ``source_steps`` on the *pre-training part* of the public
    images (no hub weights can be fetched; the public images are a disjoint split of the same training file), with
-   random crops and flips (:data:`~audit.seed_arms.common.CROP_FLIP`) when ``scale.vit_pretrain_augment`` and the
+   random crops and flips (:data:`~experiments.arms.common.CROP_FLIP`) when ``scale.vit_pretrain_augment`` and the
    learning rate over ``scale.vit_pretrain_schedule``; with ``scale.vit_shared_pretrain`` once (seed 0) for every
    seed, as a study of one public checkpoint has it, and the seeds vary what follows;
 2. for every ε of ``vit_epsilons`` it is fine-tuned on the private images for ``steps`` steps, DP with σ by
@@ -33,7 +33,7 @@ Keys per seed (``eps1``, ``eps3``, ``eps8``, ``epsinf``; :func:`eps_tag`) × (``
 ``_lr``, ``_sigma`` (None for ε = ∞), ``_seconds``; ``{eps}_tuned_trials`` (every trial's rate and scores);
 ``pretrain_acc``, ``pretrain_D``, ``pretrain_residual``.
 
-When the arm runs as separate (seed, ε) jobs (``benchmarks/seed_gpu.py``), ``pretrained_cache`` names a folder
+When the arm runs as separate (seed, ε) jobs (:mod:`experiments.gpu.queue`), ``pretrained_cache`` names a folder
 where the first job of a seed keeps its pre-trained weights (safetensors, keyed by everything that determines
 them) and the seed's other jobs load them instead of pre-training again: one pre-training per seed, as in the
 whole run, and every ε of a seed starts from the same weights even where GPU kernels are not bit-reproducible.
@@ -55,9 +55,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (CROP_FLIP, ArmData, ArmScale, build, load_arm_data, per_seed, phase, sigma_for,
+from experiments.arms.common import (CROP_FLIP, ArmData, ArmScale, build, load_arm_data, per_seed, phase, sigma_for,
                                     test_acc, train)
-from audit.seed_arms.model_cache import cached_fit, cached_origin, fit_key
+from experiments.arms.model_cache import cached_fit, cached_origin, fit_key
 from training.data import ImageSet
 
 __all__ = ["eps_tag", "PublicParts", "public_parts", "probe_set", "block_features", "block_profile", "lr_search",
@@ -201,7 +201,7 @@ def lr_search(pretrained: torch.nn.Module, data: ArmData, *, scale: ArmScale, si
 
 
 def vit_data(scale: ArmScale, *, device="cpu") -> ArmData:
-    """The arm's images: :func:`~audit.seed_arms.common.load_arm_data` with ``vit_public`` public images (when
+    """The arm's images: :func:`~experiments.arms.common.load_arm_data` with ``vit_public`` public images (when
     set) for the pre-training and the search."""
     return load_arm_data(scale.with_(public=scale.vit_public) if scale.vit_public else scale, device=device)
 
@@ -210,7 +210,7 @@ def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", c
                    ) -> torch.nn.Module:
     """The arm's public pre-training of ``seed`` (with ``vit_shared_pretrain`` the arm asks for seed 0 only):
     ``source_steps`` non-DP steps on the public pre-training part, kept in and loaded from ``cache``
-    (:func:`audit.seed_arms.model_cache.cached_fit`)."""
+    (:func:`experiments.arms.model_cache.cached_fit`)."""
     base = vit_lr(scale)
     pretrain = public_parts(data.public, scale.vit_tune_fraction).pretrain
     pre = phase("public", pretrain, scale=scale, steps=scale.source_steps, sigma=None, seed=seed, index=0, lr=base,
@@ -224,8 +224,8 @@ def pretrained_vit(scale: ArmScale, data: ArmData, *, seed: int, device="cpu", c
 
 
 def pretrain_key(scale: ArmScale, data: ArmData, *, seed: int, device="cpu") -> dict[str, Any]:
-    """The cache key of :func:`pretrained_vit`'s model (:func:`~audit.seed_arms.model_cache.fit_key`): what
-    ``benchmarks/seed_arms.py adopt`` files a pre-training from a GPU lease under."""
+    """The cache key of :func:`pretrained_vit`'s model (:func:`~experiments.arms.model_cache.fit_key`): what
+    ``python -m experiments arms adopt`` files a pre-training from a GPU lease under."""
     pretrain = public_parts(data.public, scale.vit_tune_fraction).pretrain
     return fit_key(scale, pretrain, seed=seed, lr=vit_lr(scale), device=device)
 
@@ -235,7 +235,7 @@ def vit_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None 
     """Per seed: pre-train, then every (ε, tuned/untuned) private fine-tuning with its accuracy and per-block
     profile (see the module docstring). ``data`` replaces the scale's data (tests); ``pretrained_cache``: a folder
     that shares each seed's pre-trained weights between the jobs of one run
-    (:func:`audit.seed_arms.model_cache.cached_fit`)."""
+    (:func:`experiments.arms.model_cache.cached_fit`)."""
     if data is None:
         data = vit_data(scale, device=device)
     parts = public_parts(data.public, scale.vit_tune_fraction)

@@ -6,20 +6,20 @@ from __future__ import annotations
 import json
 import math
 
-from audit.stats import fmt_mean_sd, fmt_p, verdict, welch
-from _seed_runs import OUT, ROOT
+from experiments.stats import fmt_mean_sd, fmt_p, verdict, welch
+from experiments.papers.runs import OUT, ROOT
 
-ARMS_CMD = "python benchmarks/seed_arms.py run {arm} --scale {scale}"
-RUNS_CMD = "python benchmarks/seed_papers.py run continual --scale {scale}"
-GPU_CMD = ("python benchmarks/seed_gpu.py run --scale {base} --arms {arm} --no-runs{override} (on the GPU machine, "
-           "see its docstring, or on a CPU with --workers 2), then here python benchmarks/seed_arms.py merge {arm} "
+ARMS_CMD = "python -m experiments arms run {arm} --scale {scale}"
+RUNS_CMD = "python -m experiments papers run continual --scale {scale}"
+GPU_CMD = ("python -m experiments gpu run --scale {base} --arms {arm} --no-runs{override} (on the GPU machine, "
+           "see its docstring, or on a CPU with --workers 2), then here python -m experiments arms merge {arm} "
            "--scale {scale}")
-GPU_RUNS_CMD = ("python benchmarks/seed_gpu.py run --scale {scale} --arms (on the GPU machine), then here python "
-                "benchmarks/seed_papers.py tables --scale {scale}")
+GPU_RUNS_CMD = ("python -m experiments gpu run --scale {scale} --arms (on the GPU machine), then here python -m "
+                "experiments papers tables --scale {scale}")
 
 
 def arms_cmd(arm: str, scale: str) -> str:
-    """The command that re-makes an arm's results at ``scale`` (GPU scales run through seed_gpu.py)."""
+    """The command that re-makes an arm's results at ``scale`` (GPU scales run through experiments/gpu/)."""
     if scale.startswith("gpu"):
         base = "gpu_full" if scale.startswith("gpu_full") else "gpu"
         override = f" --arm-scale {arm}={scale}" if scale != base else ""

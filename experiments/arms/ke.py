@@ -2,7 +2,7 @@
 Differentially-Private Fine-tuning: To Linearly Probe or to Fully Fine-tune?", arXiv:2402.18905).
 
 One source model (``ArmScale.ke_source``: ``scale.arch`` non-DP on the public pre-training images for
-``source_steps``, or the ViT arm's public pre-trained ViT, :func:`audit.seed_arms.vit.pretrained_vit`); per seed, DP
+``source_steps``, or the ViT arm's public pre-trained ViT, :func:`experiments.arms.vit.pretrained_vit`); per seed, DP
 fine-tuning on the downstream private images with the head initialised ``random`` (the model's own initialisation),
 ``zero``, or ``lp_aligned`` (a DP linear-probing phase first), every arm with the same ``steps`` of full fine-tuning
 (the same number of backbone updates) at the same ε (LP-FFT's budget split by
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit.seed_arms.common import (ArmScale, build, chosen_parts, load_arm_data, per_seed, phase, sigma_for, test_acc,
+from experiments.arms.common import (ArmScale, build, chosen_parts, load_arm_data, per_seed, phase, sigma_for, test_acc,
                                     train)
-from audit.seed_arms.model_cache import cached_fit, fit_key
+from experiments.arms.model_cache import cached_fit, fit_key
 
 __all__ = ["ke_arm", "ke_source", "knn_quality", "ke_parts", "select_split"]
 
@@ -74,7 +74,7 @@ def ke_source(scale: ArmScale, *, device="cpu", pretrained_cache: str | Path | N
     and fine-tuned at ``lr``; ``vit``, the ViT arm's pre-trained model of seed 0 (the same cache key, so a run of
     the ViT arm at the same pre-training settings is reused) fine-tuned at ``vit_lr``."""
     if scale.ke_source == "vit":
-        from audit.seed_arms.vit import pretrained_vit, vit_data, vit_lr
+        from experiments.arms.vit import pretrained_vit, vit_data, vit_lr
 
         pre = vit_data(scale, device=device)
         source = pretrained_vit(scale, pre, seed=0, device=device, cache=pretrained_cache)
@@ -93,7 +93,7 @@ def ke_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None =
            pretrained_cache: str | Path | None = None) -> dict[str, Any]:
     """Per seed: test accuracy, final and over-time kNN quality of the head-init arms, and the LP-FFT split sweep
     with its validation-selected split (see the module docstring). ``pretrained_cache``: a folder that shares the
-    source model between the part jobs of one run (:func:`audit.seed_arms.model_cache.cached_fit`)."""
+    source model between the part jobs of one run (:func:`experiments.arms.model_cache.cached_fit`)."""
     from training.recipes.budget import split_budget
     from training.recipes.finetune import head_seed, new_head
 

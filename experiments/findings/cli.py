@@ -1,0 +1,77 @@
+"""``results/reference/seed_findings.md``: every seed-paper claim, our measurement, the test, the verdict, the command.
+
+Reads the continual-pretraining run directories (:mod:`experiments.papers`), the arms' JSON
+(:mod:`experiments.arms`) and, for Ke et al.'s budget-split claims, the statistics of the committed
+``finetune_strategies[.scale].md`` table of the largest scale that has one. Every test is from
+:mod:`experiments.stats`; a claim is "reproduced" only when its (corrected) test rejects at 0.05 in the paper's direction,
+"not reproduced" when it rejects in the other direction, "inconclusive" otherwise.
+
+    python -m experiments findings [--scales gpu_full gpu_full_vit_long cpu_vit_long cpu_vit_ke ... cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+
+from experiments.findings.arms import bu_arm_rows, ganesh_rows, ke_rows, trace_arm_rows
+from experiments.findings.continual import continual_rows
+from experiments.findings.finetune import finetune_table_rows
+from experiments.findings.law import vit_rows
+from experiments.findings.rows import arm_result
+from experiments.findings.text import IN_WORDS, LEFT_OUT, SCALE_NOTE
+from experiments.papers.runs import OUT, ROOT
+
+
+SECTIONS = (continual_rows, bu_arm_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
+SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "cpu_vit_ke", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour",
+          "cpu_hour_vit", "cpu")
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m experiments findings") -> int:
+    from foundation.io import write_text
+
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scales", nargs="+", default=list(SCALES),
+                        help="for each group of claims, the first of these scales that has results is used")
+    args = parser.parse_args(argv)
+    # the decelerator read-off calibrates σ for switch steps no run used: keep them in the runs' σ cache (as
+    # experiments gpu does) instead of recalibrating on every re-make
+    from training.accounting.sigma_cache import SIGMA_CACHE_ENV
+
+    os.environ.setdefault(SIGMA_CACHE_ENV, str(ROOT / "results/sigma-cache"))
+    rows: list[str] = []
+    settings: dict[str, dict] = {}
+    for fn in SECTIONS:
+        for sc in args.scales:
+            got = fn(sc)
+            if got:
+                rows += got
+                arm = next((a for a in (arm_result(sc, n) for n in ("continual", "trace", "ke", "ganesh", "vit"))
+                            if a), None)
+                if arm:
+                    settings[sc] = {**arm.get("scale_settings", {}),
+                                    **({"mixed_settings": arm["mixed_settings"]} if "mixed_settings" in arm else {})}
+                if fn is not continual_rows:  # the configs' runs: every scale that has them (the GPU sweep and the
+                    break                     # CPU runs measure different claims); the arms: the largest scale
+    text = "\n".join([
+        "# The seed papers' findings, claim by claim", "",
+        "Re-make: each row's command (the `--scale` it names), then `python -m experiments findings`; the GPU "
+        "rows' runs are kept in `results/reference/seed_gpu/runs.tgz` (`gpu`) and `gpu_full_runs.tgz` beside it, "
+        "the `cpu_hour` configs' runs in "
+        "`cpu_hour_runs.tgz` beside it (`python -m experiments gpu unpack FILE` puts them back), the arms' in "
+        "`results/reference/seed_arms/<scale>/`.", "",
+        *SCALE_NOTE, "",
+        "| paper | claim | scale | our measurement (mean ± SD over seeds) | test (correction) | verdict | command |",
+        "|---|---|---|---|---|---|---|", *rows, "", *IN_WORDS, *LEFT_OUT, "", "## Scale settings", "",
+        *[f"* `{sc}`: `{json.dumps(v)}`" for sc, v in settings.items()], ""])
+    write_text(OUT / "seed_findings.md", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
