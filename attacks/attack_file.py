@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.files import ATTACK_FILE
 
 __all__ = ["ATTACK_FORMAT", "ATTACK_FILE", "Interval", "AttackMetrics", "Roc", "ClassSlice", "LeaveOneOut",
            "AttackEntry", "AttackSetup", "PopulationRecord", "PopulationSource", "Utility", "AttackFile",
            "read_attack_file", "write_attack_file", "summary_rows"]
 
 ATTACK_FORMAT = "dp-audit-attack/1"
-ATTACK_FILE = "attack.json"
 
 Interval = tuple[Real, Real]
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from attacks.attack_file import ATTACK_FILE, ATTACK_FORMAT, AttackFile, read_attack_file, write_attack_file
+from attacks.attack_file import ATTACK_FORMAT, AttackFile, read_attack_file, write_attack_file
 from attacks.config import AttackConfig
 from attacks.registry import ATTACK_SPECS, AttackInputs, configured_attack, leave_one_out, needs_reference
 from attacks.results import evaluate_scores, loo_summary
@@ -47,10 +47,10 @@ from training.evaluate import accuracy
 from foundation.io import read_json, write_npz
 from training.run import VerifiedRun, as_run, inputs_digest, inputs_record, is_current
 from foundation.lock import run_lock
+from foundation.files import ATTACK_FILE, SCORES_FILE
 
 __all__ = ["AttackResult", "run_attack", "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
 
-SCORES_FILE = "scores.npz"
 
 
 

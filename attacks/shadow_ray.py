@@ -29,10 +29,10 @@ from attacks.ray_farm import RayOptions, ray_session, task_threads
 from attacks.recipe import ShadowRecipe
 from training.data import ImageSet
 from training.run import is_complete
+from foundation.files import STAGING_DIR
 
 __all__ = ["STAGING_DIR", "plan_tasks", "publish", "train_on_ray"]
 
-STAGING_DIR = ".staging"
 
 
 def plan_tasks(todo: Sequence[int], *, kind: str, slots: int, models_per_task: int | None) -> list[list[int]]:

@@ -38,13 +38,11 @@ from foundation.errors import CheckpointError, ConfigError, UserError
 from foundation.io import read_json, sha256_file, write_json, write_npy
 from training.run import VerifiedRun, is_complete, open_run
 from training.run.verified import canary_package_of
+from foundation.files import SHADOW_DIR, INDEX_FILE, KEEP_FILE
 
 __all__ = ["SHADOW_DIR", "INDEX_FILE", "KEEP_FILE", "INDEX_FORMAT", "balanced_keep_masks", "shadow_seeds",
            "ShadowSet", "prepare_shadows"]
 
-SHADOW_DIR = "shadows"
-INDEX_FILE = "index.json"
-KEEP_FILE = "keep.npy"
 INDEX_FORMAT = "dp-audit-shadows/1"
 _RETRAIN = "pass --retrain-shadows to delete them and train new ones"
 

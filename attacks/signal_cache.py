@@ -39,11 +39,11 @@ from attacks.shadows import ShadowSet
 from attacks.signals import AugmentationSpec, compute_signals
 from foundation.io import write_npz
 from training.run import VerifiedRun, inputs_digest, run_population
+from foundation.files import SIGNALS_FILE
 
 __all__ = ["SIGNALS_FILE", "Signals", "choose_population", "population_size", "signals_key", "content_sha256",
            "load_or_compute_signals"]
 
-SIGNALS_FILE = "signals.npz"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

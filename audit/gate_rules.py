@@ -47,6 +47,7 @@ from attacks.resolution import not_resolvable, resolvable
 from audit.reporting import fmt
 from audit.reporting.inputs import RunFiles, level_key
 from foundation.errors import UserError
+from foundation.files import ATTACK_FILE, EPSILON_FILE
 
 __all__ = [
     "MaxClaimedEpsilon",
@@ -171,7 +172,7 @@ def _pick(attack: AttackFile, name: str, run: RunFiles, score) -> tuple[str, Any
     if name == "max":
         return max(attack.attacks.items(), key=lambda kv: score(kv[1]))
     if name not in attack.attacks:
-        raise UserError(f"attack '{name}' is not in {run.run_dir / 'attack.json'} (it has "
+        raise UserError(f"attack '{name}' is not in {run.run_dir / ATTACK_FILE} (it has "
                         f"{', '.join(attack.attacks) or 'none'}): run it or set attack: max in the policy")
     return name, attack.attacks[name]
 
@@ -185,14 +186,14 @@ def _n_non(run: RunFiles, attack: str) -> int:
 
 
 def _tpr_interval(run: RunFiles, rule: TprAtFpr) -> tuple[str, float, float, float]:
-    attack = _need(run.attack, "attack.json", run, "audit attack")
+    attack = _need(run.attack, ATTACK_FILE, run, "audit attack")
     if not attack.attacks:
-        raise UserError(f"{run.run_dir / 'attack.json'} holds no attacks: re-run 'audit attack {run.run_dir}'")
+        raise UserError(f"{run.run_dir / ATTACK_FILE} holds no attacks: re-run 'audit attack {run.run_dir}'")
 
     def key_of(entry) -> str:
         key = level_key(entry.metrics.tpr_at_fpr, rule.fpr)
         if key is None:
-            raise UserError(f"{run.run_dir / 'attack.json'} has no TPR at FPR {rule.fpr} (levels: "
+            raise UserError(f"{run.run_dir / ATTACK_FILE} has no TPR at FPR {rule.fpr} (levels: "
                             f"{', '.join(entry.metrics.tpr_at_fpr)}): change the policy's fpr or re-run the attack")
         return key
 
@@ -214,7 +215,7 @@ def _eval_claimed(rule: MaxClaimedEpsilon, baseline: RunFiles, candidate: RunFil
 
 
 def _eval_violation(rule: NoViolation, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
-    eps = _need(candidate.epsilon, "epsilon.json", candidate, "audit epsilon")
+    eps = _need(candidate.epsilon, EPSILON_FILE, candidate, "audit epsilon")
     claimed = eps.claimed_epsilon
     status, lb = str(eps.verdict.status), eps.verdict.best_epsilon_lb
     over = lb is not None and math.isfinite(claimed) and lb > claimed
@@ -264,9 +265,9 @@ def _eval_accuracy(rule: MinAccuracyDelta, baseline: RunFiles, candidate: RunFil
 
 
 def _auc(run: RunFiles, rule: MaxAuc) -> tuple[str, float]:
-    attack = _need(run.attack, "attack.json", run, "audit attack")
+    attack = _need(run.attack, ATTACK_FILE, run, "audit attack")
     if not attack.attacks:
-        raise UserError(f"{run.run_dir / 'attack.json'} holds no attacks: re-run 'audit attack {run.run_dir}'")
+        raise UserError(f"{run.run_dir / ATTACK_FILE} holds no attacks: re-run 'audit attack {run.run_dir}'")
     name, entry = _pick(attack, rule.attack, run, lambda e: _nan_low(e.metrics.auc))
     return name, entry.metrics.auc
 

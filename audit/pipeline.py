@@ -24,6 +24,8 @@ from typing import Any
 from attacks.resolution import not_resolvable, resolvable
 from audit.config import RunConfig, select_variant, variant_names
 from foundation.errors import ConfigError
+from foundation.files import (ATTACK_FILE, EPSILON_FILE, PIPELINE_FILE, REPORT_HTML_FILE, REPORT_JSON_FILE,
+                              REPORT_MD_FILE, TRANSFER_FILE)
 from foundation.io import read_json, sha256_file, write_json
 from training.run import METRICS_FILE, VerifiedRun, inputs_digest, open_run
 from training.trust import CodeTrust
@@ -56,7 +58,7 @@ def _file_shas(run_dir: Path, *names: str) -> dict[str, str | None]:
 
 
 def _ledger(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "pipeline.json"
+    path = run_dir / PIPELINE_FILE
     if not path.is_file():
         return {}
     try:
@@ -69,7 +71,7 @@ def _ledger(run_dir: Path) -> dict[str, Any]:
 def _mark(run_dir: Path, step: str, key: str) -> None:
     data = _ledger(run_dir)
     data[step] = {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_json(run_dir / "pipeline.json", data)
+    write_json(run_dir / PIPELINE_FILE, data)
 
 
 def _timed(records: list[StepRecord], step: str, fn: Callable[[], str]) -> None:
@@ -140,7 +142,7 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
             suite_path = Path(cfg.transfer.suite)
 
             def transfer_key() -> str:
-                return inputs_digest(run, suite_sha256=sha256_file(suite_path), **_file_shas(run_dir, "transfer.json"))
+                return inputs_digest(run, suite_sha256=sha256_file(suite_path), **_file_shas(run_dir, TRANSFER_FILE))
 
             if _ledger(run_dir).get("transfer", {}).get("key") == transfer_key():
                 res.steps.append(StepRecord("transfer", "skipped (complete)"))
@@ -155,8 +157,8 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
 
         def report_key() -> str:
             return inputs_digest(run, pdf=cfg.report.pdf, manifest=run.manifest.model_dump(mode="json"),
-                                 **_file_shas(run_dir, METRICS_FILE, "attack.json", "epsilon.json", "transfer.json",
-                                              "report.html", "report.md", "report.json"))
+                                 **_file_shas(run_dir, METRICS_FILE, ATTACK_FILE, EPSILON_FILE, TRANSFER_FILE,
+                                              REPORT_HTML_FILE, REPORT_MD_FILE, REPORT_JSON_FILE))
 
         if _ledger(run_dir).get("report", {}).get("key") == report_key():
             res.steps.append(StepRecord("report", "skipped (complete)"))

@@ -1,18 +1,35 @@
-"""The names of the files in a run directory: the one place they are spelt.
+"""The names of the files dp-audit writes: the one place they are spelt (modules import them from here).
 
 A finished run directory holds::
 
-    manifest.json        what the checkpoint claims (training.run.manifest); written last
-    model.safetensors    the weights (sha256 in the manifest)
-    membership.npy       one bool per pool index, True = trained on (sha256 in the manifest)
-    config.yaml          the resolved training config (runs written by ``audit train``; sha256 in the manifest)
-    import.json          the data sources of an imported checkpoint (``audit import``)
-    metrics.json         accuracies, steps, loss history
-    canary_package.npz   the auditor's canary package the run trained on (training.canaries.from_file; its
-                         sha256 in the manifest's data.canaries)
-    state/checkpoint.pt  resumable training state (removed when the run completes)
-    tb/                  TensorBoard curves
-    .lock                held while a command writes the run (foundation.lock)
+    manifest.json            what the checkpoint claims (training.run.manifest); written last
+    model.safetensors        the weights (sha256 in the manifest)
+    membership.npy           one bool per pool index, True = trained on (sha256 in the manifest)
+    config.yaml              the resolved training config (runs written by ``audit train``; sha256 in the manifest)
+    import.json              the data sources of an imported checkpoint (``audit import``)
+    metrics.json             accuracies, steps, loss history
+    canary_package.npz       the auditor's canary package the run trained on (training.canaries.from_file; its
+                             sha256 in the manifest's data.canaries)
+    model_init.safetensors   θ_0, the weights before the first step (runs with gradient canaries)
+    gradient_canaries.npy    which gradient canaries were included (sha256 in the manifest)
+    input_canaries.npz       OpacusAuditor's input canaries and their final scores
+    state/checkpoint.pt      resumable training state (removed when the run completes)
+    tb/                      TensorBoard curves
+    .lock                    held while a command writes the run (foundation.lock)
+
+and, once audited::
+
+    shadows/                 reference models: <k>/ run directories, index.json, keep.npy (.staging/ while Ray
+                             tasks write)
+    signals.npz              every model's scaled logits (attacks.signal_cache)
+    attack.json, scores.npz  ``audit attack``'s results and per-example scores
+    epsilon.json             ``audit epsilon``; transfer.json: ``audit transfer``; pipeline.json: ``audit run``
+    report.html/.md/.json    ``audit report`` (report.pdf with --pdf)
+    canary_references/       reference models of an auditor's canaries: index.json, <k>/keep.npy, phi.npy,
+                             weights.safetensors
+
+The auditor's canary secret (``audit canaries``) is canary_secret.npz beside canary_package.npz and
+commitment.txt; ``audit gate`` writes gate.json.
 
 >>> has_recipe("/nonexistent")
 False
@@ -23,9 +40,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["CANARY_PACKAGE_FILE", "MANIFEST_FILE", "WEIGHTS_FILE", "MEMBERSHIP_FILE", "CONFIG_FILE", "IMPORT_FILE", "METRICS_FILE",
-           "STATE_DIR", "STATE_FILE", "TB_DIR", "has_recipe", "is_complete"]
+__all__ = ["CANARY_PACKAGE_FILE", "MANIFEST_FILE", "WEIGHTS_FILE", "MEMBERSHIP_FILE", "CONFIG_FILE", "IMPORT_FILE",
+           "METRICS_FILE", "INIT_WEIGHTS_FILE", "GRADIENT_CANARY_FILE", "INPUT_CANARY_FILE", "STATE_DIR", "STATE_FILE",
+           "TB_DIR", "LOCK_FILE", "SHADOW_DIR", "INDEX_FILE", "KEEP_FILE", "STAGING_DIR", "SIGNALS_FILE",
+           "ATTACK_FILE", "SCORES_FILE", "EPSILON_FILE", "TRANSFER_FILE", "PIPELINE_FILE", "REPORT_HTML_FILE",
+           "REPORT_MD_FILE", "REPORT_JSON_FILE", "REPORT_PDF_FILE", "CANARY_REFERENCE_DIR", "PHI_FILE",
+           "REFERENCE_WEIGHTS_FILE", "CANARY_SECRET_FILE", "COMMITMENT_FILE", "GATE_FILE", "RUN_DIR_MARKERS",
+           "has_recipe", "is_complete"]
 
+# ------------------------------------------------------------------------------------- written by training
 MANIFEST_FILE = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"
 MEMBERSHIP_FILE = "membership.npy"
@@ -33,9 +56,40 @@ CONFIG_FILE = "config.yaml"
 IMPORT_FILE = "import.json"
 METRICS_FILE = "metrics.json"
 CANARY_PACKAGE_FILE = "canary_package.npz"
+INIT_WEIGHTS_FILE = "model_init.safetensors"
+GRADIENT_CANARY_FILE = "gradient_canaries.npy"
+INPUT_CANARY_FILE = "input_canaries.npz"
 STATE_DIR = "state"
 STATE_FILE = Path(STATE_DIR) / "checkpoint.pt"
 TB_DIR = "tb"
+LOCK_FILE = ".lock"
+
+#: What marks a directory as a run directory (``foundation.io`` refuses to delete a directory without one).
+RUN_DIR_MARKERS = (MANIFEST_FILE, CONFIG_FILE, STATE_DIR, IMPORT_FILE)
+
+# ------------------------------------------------------------------------------------- written by auditing
+SHADOW_DIR = "shadows"
+INDEX_FILE = "index.json"  # shadows/ and canary_references/
+KEEP_FILE = "keep.npy"  # shadows/ and each canary reference
+STAGING_DIR = ".staging"  # shadows/.staging: Ray tasks' outputs before they are adopted
+SIGNALS_FILE = "signals.npz"
+ATTACK_FILE = "attack.json"
+SCORES_FILE = "scores.npz"
+EPSILON_FILE = "epsilon.json"
+TRANSFER_FILE = "transfer.json"
+PIPELINE_FILE = "pipeline.json"
+REPORT_HTML_FILE = "report.html"
+REPORT_MD_FILE = "report.md"
+REPORT_JSON_FILE = "report.json"
+REPORT_PDF_FILE = "report.pdf"
+CANARY_REFERENCE_DIR = "canary_references"
+PHI_FILE = "phi.npy"
+REFERENCE_WEIGHTS_FILE = "weights.safetensors"
+
+# ------------------------------------------------------------------------------------- the auditor's own files
+CANARY_SECRET_FILE = "canary_secret.npz"
+COMMITMENT_FILE = "commitment.txt"
+GATE_FILE = "gate.json"
 
 
 def has_recipe(run_dir: str | os.PathLike[str]) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from foundation.errors import CheckpointError
+from foundation.files import RUN_DIR_MARKERS
 
 __all__ = [
     "atomic_path",
@@ -38,8 +39,6 @@ __all__ = [
     "remove_run_dir",
 ]
 
-#: What marks a directory as a run directory that ``--overwrite`` may delete.
-RUN_DIR_MARKERS = ("manifest.json", "config.yaml", "state", "import.json")
 
 
 def umask_mode() -> int:
@@ -330,7 +329,7 @@ def remove_run_dir(path: str | os.PathLike[str], *, keep: tuple[str, ...] = ()) 
         raise CheckpointError(f"--overwrite refuses {path}: it is a file, not a run directory")
     entries = [e for e in path.iterdir() if e.name not in keep]
     if entries and not any((path / m).exists() for m in RUN_DIR_MARKERS):
-        raise CheckpointError(f"--overwrite refuses {path}: it holds no manifest.json, config.yaml or state/, so "
+        raise CheckpointError(f"--overwrite refuses {path}: it holds none of {', '.join(RUN_DIR_MARKERS)}, so "
                               "it is not a run directory; choose another output_dir or name")
     if not keep:
         shutil.rmtree(path)

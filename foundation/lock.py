@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from foundation.errors import CheckpointError
+from foundation.files import LOCK_FILE
 
 __all__ = ["LOCK_FILE", "run_lock", "read_lock", "pid_alive"]
 
-LOCK_FILE = ".lock"
 _HELD: dict[Path, int] = {}  # run directories this process holds, with nesting depth
 
 

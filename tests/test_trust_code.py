@@ -244,13 +244,6 @@ def test_malformed_files_are_left_to_their_readers(tmp_path) -> None:
     assert code_in_run(tmp_path) == []
 
 
-def test_shadow_dir_name_matches_the_attacks_package() -> None:
-    from attacks.shadows import SHADOW_DIR
-    from training import trust
-
-    assert trust._SHADOW_DIR == SHADOW_DIR
-
-
 def test_the_reported_os_system_manifest_is_refused_before_anything_runs(run, tmp_path) -> None:
     """The issue's case: manifest.json says model.arch 'os:system' with kwargs; auditing used to call it."""
     run_dir, _ = run

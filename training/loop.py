@@ -44,11 +44,11 @@ from training.evaluate import accuracy
 from training.hessian import HessianMonitor
 from foundation.io import save_safetensors
 from training.phases import PhaseSpec, carry_optimizer_state, set_trainable
+from foundation.files import INIT_WEIGHTS_FILE
 
 __all__ = ["RunContext", "PhaseResult", "NextPhase", "run_phase", "run_phases", "INIT_WEIGHTS_FILE",
            "check_finite_loss"]
 
-INIT_WEIGHTS_FILE = "model_init.safetensors"
 
 
 def check_finite_loss(stats: StepStats, *, step: int, phase: str) -> None:

@@ -36,14 +36,15 @@ from training.device import rank_device, resolve_device
 from training.distributed import World, agree, broadcast_object, current_world
 from training.accel import Accel, recipe_record
 from training.evaluate import accuracy
-from training.loop import INIT_WEIGHTS_FILE, RunContext, run_phases
+from training.loop import RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
-from foundation.files import CANARY_PACKAGE_FILE, CONFIG_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR
+from foundation.files import (CANARY_PACKAGE_FILE, CONFIG_FILE, GRADIENT_CANARY_FILE, INIT_WEIGHTS_FILE, LOCK_FILE,
+                              MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR)
 from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, read_manifest,
                                    write_manifest)
 from training.run.state import clear_state, has_state, load_state
 from training.run.write import write_membership, write_weights
-from foundation.lock import LOCK_FILE, run_lock
+from foundation.lock import run_lock
 
 __all__ = ["TrainResult", "train", "SECURE_MODE_NOTE"]
 
@@ -277,7 +278,7 @@ def _canary_record(run_dir: Path, ctx: RunContext) -> dict[str, Any]:
     dp = [c for c in ctx.completed if c["dp"]]
     if canaries is None or not dp:
         return {}
-    inc = write_npy(run_dir / "gradient_canaries.npy", canaries.included)
+    inc = write_npy(run_dir / GRADIENT_CANARY_FILE, canaries.included)
     return {"gradient_canaries": {
         "count": canaries.count, "seed": canaries.seed, "included_file": inc.name,
         "included_sha256": sha256_file(inc), "n_included": int(canaries.included.sum()),

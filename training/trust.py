@@ -23,7 +23,7 @@ safetensors or with ``torch.load(weights_only=True)``.
 
 >>> import json, tempfile
 >>> run = Path(tempfile.mkdtemp())
->>> _ = (run / "manifest.json").write_text(json.dumps({"model": {"arch": "os:system"}}))
+>>> _ = (run / MANIFEST_FILE).write_text(json.dumps({"model": {"arch": "os:system"}}))
 >>> [str(ref) for ref in code_in_run(run)]
 ["model.arch = 'os:system' in manifest.json"]
 >>> require_code_trust(run, trust_code=False)  # doctest: +ELLIPSIS
@@ -44,12 +44,11 @@ from typing import Any
 
 from foundation.errors import UntrustedCodeError
 from training.models import names_code
-from foundation.files import CONFIG_FILE, MANIFEST_FILE
+from foundation.files import CONFIG_FILE, MANIFEST_FILE, SHADOW_DIR
 
 __all__ = ["CodeRef", "CodeTrust", "code_in_run", "require_code_trust", "TRUST_FLAG"]
 
 TRUST_FLAG = "--trust-code"
-_SHADOW_DIR = "shadows"  # attacks.shadows.SHADOW_DIR (training never imports attacks)
 _MAX_SHADOWS = 10_000
 
 
@@ -112,7 +111,7 @@ def _config_refs(run_dir: Path, name: str, prefix: str) -> list[CodeRef]:
     refs = _arch_ref(data, prefix + name)
     checkpoint = _get(data, "training", "finetune", "checkpoint")
     if isinstance(checkpoint, str) and checkpoint and Path(checkpoint).is_dir():
-        refs += [CodeRef(f"{prefix}{name} -> training.finetune.checkpoint {checkpoint}/manifest.json", r.field,
+        refs += [CodeRef(f"{prefix}{name} -> training.finetune.checkpoint {checkpoint}/{MANIFEST_FILE}", r.field,
                          r.value) for r in _arch_ref(_read(Path(checkpoint) / MANIFEST_FILE), "")]
     return refs
 
@@ -137,12 +136,12 @@ def code_in_run(run_dir: str | os.PathLike[str]) -> list[CodeRef]:
     """
     run_dir = Path(run_dir)
     refs = _dir_refs(run_dir)
-    shadows = run_dir / _SHADOW_DIR
+    shadows = run_dir / SHADOW_DIR
     if shadows.is_dir():
         for k, sub in enumerate(sorted(p for p in shadows.iterdir() if p.is_dir())):
             if k >= _MAX_SHADOWS:
                 break
-            refs += _dir_refs(sub, prefix=f"{_SHADOW_DIR}/{sub.name}/")
+            refs += _dir_refs(sub, prefix=f"{SHADOW_DIR}/{sub.name}/")
     return refs
 
 

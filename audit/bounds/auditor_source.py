@@ -35,16 +35,16 @@ from audit.canaries.secret import CanarySecret, read_secret
 from audit.bounds.sources import Evidence
 from foundation.errors import CheckpointError
 from training.run import VerifiedRun
+from foundation.files import CANARY_REFERENCE_DIR
 
 __all__ = ["check_run_against_secret", "lira_canary_scores", "mixture_loglik", "auditor_canary_evidence",
-           "REFERENCE_DIR", "AUDITOR_CANARY_LIMITS"]
+           "CANARY_REFERENCE_DIR", "AUDITOR_CANARY_LIMITS"]
 
 #: What the auditor's own canaries cannot show (also a note of every verdict they take part in).
 AUDITOR_CANARY_LIMITS = (
     "The auditor's canaries catch a forged claim on a faithful training run; they cannot show that the vendor trained "
     "on the package as its manifest says: a vendor who drops or down-weights the (identifiable) package canaries "
     "makes the model look private whatever it did to its own data.")
-REFERENCE_DIR = "canary_references"
 LIRA = LiraOnline(fix_variance=True, location="mean")  # the same centre as mixture_loglik's fit_gaussians
 
 
@@ -118,7 +118,7 @@ def auditor_canary_evidence(*, run: VerifiedRun, secret_path: str | Path, n_mode
     secret = read_secret(secret_path)
     check_run_against_secret(run, secret)
     recipes, shadow = reference_recipes(run, sigma0=sigma0)
-    root = Path(reference_dir) if reference_dir is not None else run.run_dir / REFERENCE_DIR
+    root = Path(reference_dir) if reference_dir is not None else run.run_dir / CANARY_REFERENCE_DIR
     batch = shadow.config.training.batch_size
     sets = [prepare_reference_set(run=run, secret=secret, name=name, recipe=recipe, n_models=n_models, seed=seed,
                                   root=root, target_batch=batch, log=log) for name, recipe in recipes]

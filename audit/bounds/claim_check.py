@@ -38,6 +38,7 @@ from typing import Any
 
 from audit.bounds.verdict import Finding
 from foundation.errors import UserError
+from foundation.files import CONFIG_FILE, METRICS_FILE
 from training.run.manifest import Manifest, PrivacyInfo
 
 __all__ = ["REL_TOL", "ABS_TOL", "recompute_epsilon", "check_mechanism", "check_config",
@@ -170,7 +171,7 @@ def check_config(manifest: Manifest, config: Mapping[str, Any] | None, *,
     try:
         cfg = TrainConfig.model_validate(dict(config))
     except Exception as exc:  # pydantic ValidationError or a bad value type: the recipe is unusable as evidence
-        msg = format_validation_error(exc, TrainConfig, "config.yaml") if hasattr(exc, "errors") else str(exc)
+        msg = format_validation_error(exc, TrainConfig, CONFIG_FILE) if hasattr(exc, "errors") else str(exc)
         return (*out, err(f"it does not validate ({msg})"))
     pc, tc = cfg.privacy, cfg.training
     if not pc.enabled:
@@ -217,13 +218,13 @@ def check_metrics(manifest: Manifest, metrics: Mapping[str, Any] | None) -> tupl
         spent = metrics.get("epsilon_spent")
         if not isinstance(spent, (int, float)) or isinstance(spent, bool) or not _close(spent, claim):
             out.append(Finding(kind="claim_vs_metrics", severity="error", message=(
-                f"metrics.json contradicts the claim: epsilon_spent = {spent!r}, the manifest claims "
+                f"{METRICS_FILE} contradicts the claim: epsilon_spent = {spent!r}, the manifest claims "
                 f"ε = {claim:.4g}")))
     steps = metrics.get("steps")
     total = sum(p.steps for p in privacy.phases)
     if isinstance(steps, int) and not isinstance(steps, bool) and privacy.phases and steps != total:
         out.append(Finding(kind="claim_vs_metrics", severity="error", message=(
-            f"metrics.json contradicts the claim: steps = {steps}, the manifest's phases total {total}")))
+            f"{METRICS_FILE} contradicts the claim: steps = {steps}, the manifest's phases total {total}")))
     return tuple(out)
 
 

@@ -21,12 +21,12 @@ from typing import Any, Literal
 
 from audit.bounds.verdict import Verdict
 from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.files import EPSILON_FILE
 
 __all__ = ["EPSILON_FORMAT", "EPSILON_FILE", "EstimateEntry", "SkippedEntry", "EpsilonFile", "read_epsilon_file",
            "write_epsilon_file", "migrate_v1"]
 
 EPSILON_FORMAT = "dp-audit-epsilon/2"
-EPSILON_FILE = "epsilon.json"
 
 
 class EstimateEntry(ResultModel):

@@ -39,13 +39,14 @@ from audit.bounds.gdp import epsilon_from_scores_gdp
 from audit.bounds.multi_run_source import multi_run_evidence
 from audit.bounds.one_run import epsilon_one_run_from_scores
 from audit.bounds.one_run_fdp import epsilon_one_run_fdp_from_scores
-from audit.bounds.sources import (SCORES_FILE, Evidence, Skipped, gradient_canary_evidence, input_canary_evidence,
+from audit.bounds.sources import (Evidence, Skipped, gradient_canary_evidence, input_canary_evidence,
                                    pool_evidence)
 from audit.bounds.thresholds import HeldOut
-from audit.bounds.epsilon_file import (EPSILON_FILE, EpsilonFile, EstimateEntry, SkippedEntry, read_epsilon_file,
+from audit.bounds.epsilon_file import (EpsilonFile, EstimateEntry, SkippedEntry, read_epsilon_file,
                                         write_epsilon_file)
 from audit.bounds.verdict import Finding, Verdict, VerdictStatus
 from audit.bounds.verdict import verdict as judge
+from foundation.files import EPSILON_FILE, SCORES_FILE
 from foundation.errors import UserError
 from foundation.io import read_json, sha256_bytes, sha256_file
 from foundation.result_json import CodeRecord

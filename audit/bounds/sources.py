@@ -37,6 +37,7 @@ from foundation.errors import CheckpointError, DataError, UserError
 from foundation.io import sha256_file
 from training.run import CONFIG_FILE, VerifiedRun
 from training.run.manifest import Manifest
+from foundation.files import SCORES_FILE
 
 __all__ = ["Evidence", "Skipped", "SOURCES", "SCORES_FILE", "pool_evidence", "input_canary_evidence",
            "gradient_canary_evidence", "read_scores", "finite_scores", "inclusion_is_half", "run_recipe"]
@@ -45,7 +46,6 @@ SOURCES = ("pool", "input_canaries", "gradient_canaries", "multi_run", "auditor_
 """Evidence sources; ``multi_run`` trains models (:mod:`audit.bounds.multi_run_source`); ``auditor_canaries``
 scores the auditor's own committed canaries against reference models it trains (:mod:`audit.bounds.auditor_source`);
 the rest read files."""
-SCORES_FILE = "scores.npz"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,7 @@ from training.data import to_float_tensor
 from training.dp.batched import train_many
 from training.dp.recipe import TrainRecipe
 from foundation.errors import UserError
+from foundation.files import INDEX_FILE, KEEP_FILE, PHI_FILE, REFERENCE_WEIGHTS_FILE
 from foundation.io import (fingerprint_arrays, read_json, save_safetensors, sha256_bytes, sha256_file, write_json,
                          write_npy)
 from training.run import VerifiedRun
@@ -113,7 +114,7 @@ def _key(fields: dict[str, Any]) -> str:
 
 
 def _load(root: Path, key: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
-    index_path = root / "index.json"
+    index_path = root / INDEX_FILE
     if not index_path.is_file():
         return None
     try:
@@ -122,7 +123,7 @@ def _load(root: Path, key: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.
         return None
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("key") != key:
         return None
-    files = {"keep": root / "keep.npy", "phi": root / "phi.npy", "weights": root / "weights.safetensors"}
+    files = {"keep": root / KEEP_FILE, "phi": root / PHI_FILE, "weights": root / REFERENCE_WEIGHTS_FILE}
     if any(not p.is_file() or sha256_file(p) != index.get(f"{n}_sha256") for n, p in files.items()):
         return None
     keep = np.load(files["keep"], allow_pickle=False)
@@ -198,9 +199,9 @@ def prepare_reference_set(*, run: VerifiedRun, secret: CanarySecret, name: str, 
         raise UserError(f"the '{name}' reference models produced non-finite outputs on the canaries (diverged "
                         "training); lower the learning rate of the recipe")
     keep = keep_all[:, n_real:]
-    paths = {"keep": write_npy(where / "keep.npy", keep), "phi": write_npy(where / "phi.npy", phi),
-             "weights": save_safetensors(where / "weights.safetensors", tensors)}
-    write_json(where / "index.json", {**fields, "key": key, "train_seconds": seconds,
+    paths = {"keep": write_npy(where / KEEP_FILE, keep), "phi": write_npy(where / PHI_FILE, phi),
+             "weights": save_safetensors(where / REFERENCE_WEIGHTS_FILE, tensors)}
+    write_json(where / INDEX_FILE, {**fields, "key": key, "train_seconds": seconds,
                                       **{f"{n}_sha256": sha256_file(p) for n, p in paths.items()}})
     return ReferenceSet(name=name, noise_multiplier=float(recipe.noise_multiplier if recipe.dp else 0.0), keep=keep,
                         phi=phi, root=where, key=key, trained=int(n_models))

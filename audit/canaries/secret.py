@@ -41,16 +41,14 @@ import numpy as np
 
 from training.canary_package import HEX64, write_package
 from foundation.errors import CheckpointError, UserError
+from foundation.files import CANARY_PACKAGE_FILE, CANARY_SECRET_FILE, COMMITMENT_FILE
 from foundation.io import atomic_path, fingerprint_arrays, sha256_file, write_text
 
 __all__ = ["SECRET_FORMAT", "KINDS", "CanarySecret", "make_canaries", "content_digest", "commitment_of",
-           "verify_secret", "write_canaries", "read_secret", "PACKAGE_NAME", "SECRET_NAME", "COMMITMENT_NAME"]
+           "verify_secret", "write_canaries", "read_secret"]
 
 SECRET_FORMAT = "dp-audit-canary-secret/1"
 KINDS = ("ood",)
-PACKAGE_NAME = "canary_package.npz"
-SECRET_NAME = "canary_secret.npz"
-COMMITMENT_NAME = "commitment.txt"
 _TAG = b"dp-audit canary commitment/1"
 _DESIGN, _INCLUDE, _ORDER = 0x43445347, 0x43494E43, 0x434F5244  # "CDSG", "CINC", "CORD": separate streams
 _ARRAYS = {"x", "y", "included", "package_order", "meta"}
@@ -198,7 +196,8 @@ def write_canaries(out_dir: str | os.PathLike[str], secret: CanarySecret, *,
         UserError: ``out_dir`` already holds one of the files and ``overwrite`` is False.
     """
     out = Path(out_dir)
-    paths = {"package": out / PACKAGE_NAME, "secret": out / SECRET_NAME, "commitment": out / COMMITMENT_NAME}
+    paths = {"package": out / CANARY_PACKAGE_FILE, "secret": out / CANARY_SECRET_FILE,
+             "commitment": out / COMMITMENT_FILE}
     if not overwrite and any(p.exists() for p in paths.values()):
         raise UserError(f"{out} already holds canary files; choose another --out (a new secret needs a new "
                         "commitment) or pass --overwrite")
@@ -223,7 +222,7 @@ def read_secret(path: str | os.PathLike[str]) -> CanarySecret:
     path = Path(path)
     where = f"canary secret {path}"
     if not path.is_file():
-        raise CheckpointError(f"{where} not found: pass the {SECRET_NAME} that 'audit canaries make' wrote")
+        raise CheckpointError(f"{where} not found: pass the {CANARY_SECRET_FILE} that 'audit canaries make' wrote")
     try:
         with np.load(path, allow_pickle=False) as npz:
             if set(npz.files) != _ARRAYS:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from foundation.files import ATTACK_FILE, SCORES_FILE
 
 
 def _fmt_ci(ci: Any) -> str:
@@ -34,7 +35,7 @@ def _print_table(result: Any) -> None:
                         for k in ("0.01", "0.001", "0.0001")))
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)
-    console.print(f"wrote {result.run_dir / 'attack.json'} and {result.run_dir / 'scores.npz'}")
+    console.print(f"wrote {result.run_dir / ATTACK_FILE} and {result.run_dir / SCORES_FILE}")
 
 
 @click.command(name="attack")

@@ -13,6 +13,7 @@ import click
 
 from audit.api import gate
 from audit.gating import GateResult
+from foundation.files import GATE_FILE
 
 
 def print_gate(result: GateResult, *, file=None) -> None:
@@ -46,7 +47,7 @@ def print_gate(result: GateResult, *, file=None) -> None:
 @click.argument("candidate", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--policy", "policy", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="gate policy YAML (e.g. eval_configs/gates/default.yaml)")
-@click.option("--out", "out", default=Path("gate.json"), show_default=True,
+@click.option("--out", "out", default=Path(GATE_FILE), show_default=True,
               type=click.Path(dir_okay=False, path_type=Path), help="where to write the JSON result")
 def command(baseline: Path, candidate: Path, policy: Path, out: Path) -> None:
     """Compare CANDIDATE with BASELINE under a policy; exit 0 pass, 1 fail, 2 bad input."""

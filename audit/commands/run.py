@@ -9,6 +9,7 @@ import click
 
 from audit.config import load_run_config
 from audit.pipeline import STEPS, run_pipeline
+from foundation.files import REPORT_HTML_FILE
 
 
 def _fmt(value, spec: str) -> str:
@@ -56,7 +57,7 @@ def command(config: str, overrides: tuple[str, ...], variants: tuple[str, ...], 
         table.add_column(col)
     for r in results:
         s = r.summary
-        report = r.run_dir / "report.html"
+        report = r.run_dir / REPORT_HTML_FILE
         table.add_row(s.get("run", str(r.run_dir)), _fmt(s.get("claimed_epsilon"), ".3g"),
                       _fmt(s.get("test_accuracy"), ".3f"), s.get("strongest_attack") or "-",
                       _fmt(s.get("auc"), ".3f"), _fmt(s.get("tpr_at_0_1pct_fpr"), ".3f"),

@@ -31,9 +31,8 @@ from torch import nn
 from training.config import ModelConfig
 from foundation.errors import CheckpointError
 from foundation.io import check_output_dir, save_safetensors, sha256_file, write_json, write_npy, write_npz
-from training.loop import INIT_WEIGHTS_FILE
 from training.models import count_parameters
-from foundation.files import MANIFEST_FILE, METRICS_FILE
+from foundation.files import GRADIENT_CANARY_FILE, INIT_WEIGHTS_FILE, INPUT_CANARY_FILE, MANIFEST_FILE, METRICS_FILE
 from training.run.manifest import Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, write_manifest
 from training.run.write import write_membership, write_weights
 
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["write_run", "phases_from_steps", "GRADIENT_CANARY_FILE", "INPUT_CANARY_FILE"]
 
-GRADIENT_CANARY_FILE = "gradient_canaries.npy"
-INPUT_CANARY_FILE = "input_canaries.npz"
 _CLIPPING = {"flat": "flat", "per_layer": "per_layer", "adaptive": "flat"}
 
 

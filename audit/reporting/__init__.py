@@ -23,6 +23,7 @@ from audit.reporting.images import PoolImages, load_pool_images
 from audit.reporting.inputs import RunFiles, load_run
 from audit.reporting.model import Figures, Report
 from audit.reporting.render import render_html, render_json, render_markdown
+from foundation.files import REPORT_HTML_FILE, REPORT_JSON_FILE, REPORT_MD_FILE, REPORT_PDF_FILE
 from foundation.io import write_json, write_text
 from training.run import VerifiedRun
 
@@ -85,8 +86,8 @@ def write_report(*, run_dir: str | os.PathLike[str] | VerifiedRun, out_dir: str 
     report = build_report(run, images=images, images_note=note, generated=generated)
     figures = make_figures(run, report)
     out = Path(out_dir) if out_dir is not None else run.run_dir
-    html_path = write_text(out / "report.html", render_html(report, figures))
-    md_path = write_text(out / "report.md", render_markdown(report))
-    json_path = write_json(out / "report.json", render_json(report))
-    pdf_path = print_pdf(html_path=html_path, pdf_path=out / "report.pdf") if pdf else None
+    html_path = write_text(out / REPORT_HTML_FILE, render_html(report, figures))
+    md_path = write_text(out / REPORT_MD_FILE, render_markdown(report))
+    json_path = write_json(out / REPORT_JSON_FILE, render_json(report))
+    pdf_path = print_pdf(html_path=html_path, pdf_path=out / REPORT_PDF_FILE) if pdf else None
     return ReportPaths(html=html_path, markdown=md_path, json=json_path, pdf=pdf_path, report=report)

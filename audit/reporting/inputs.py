@@ -24,12 +24,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from attacks.attack_file import ATTACK_FILE, AttackFile, read_attack_file
-from audit.bounds.epsilon_file import EPSILON_FILE, EpsilonFile, read_epsilon_file
-from audit.transfer.transfer_file import TRANSFER_FILE, TransferFile, read_transfer_file
+from attacks.attack_file import AttackFile, read_attack_file
+from audit.bounds.epsilon_file import EpsilonFile, read_epsilon_file
+from audit.transfer.transfer_file import TransferFile, read_transfer_file
 from foundation.errors import CheckpointError
+from foundation.files import ATTACK_FILE, EPSILON_FILE, METRICS_FILE, TRANSFER_FILE
 from foundation.io import read_json
-from training.run import METRICS_FILE, VerifiedRun, as_run
+from training.run import VerifiedRun, as_run
 from training.run.freshness import foreign_keys, manifest_identity
 from training.run.manifest import Manifest
 
@@ -43,10 +44,10 @@ __all__ = [
 
 #: The command that writes each optional file of a run directory (``{run}`` is the run directory).
 FILE_COMMANDS = {
-    "metrics.json": "audit train {config}",
-    "attack.json": "audit attack {run}",
-    "epsilon.json": "audit epsilon {run}",
-    "transfer.json": "audit transfer {run}",
+    METRICS_FILE: "audit train {config}",
+    ATTACK_FILE: "audit attack {run}",
+    EPSILON_FILE: "audit epsilon {run}",
+    TRANSFER_FILE: "audit transfer {run}",
 }
 
 
@@ -68,7 +69,7 @@ def _read_metrics(run_dir: Path) -> Metrics | None:
     path = run_dir / METRICS_FILE
     if not path.exists():
         return None
-    data = read_json(path, what="metrics.json")
+    data = read_json(path, what=METRICS_FILE)
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}; re-create it")
     try:
@@ -77,7 +78,7 @@ def _read_metrics(run_dir: Path) -> Metrics | None:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise CheckpointError(f"{path} is invalid at '{key}': {first['msg']}; re-create it with "
-                              f"'{FILE_COMMANDS['metrics.json'].split(' {')[0]}'") from None
+                              f"'{FILE_COMMANDS[METRICS_FILE].split(' {')[0]}'") from None
 
 
 def _read_optional(run_dir: Path, name: str, reader: Callable[[Path], Any]) -> Any:

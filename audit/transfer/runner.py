@@ -35,8 +35,9 @@ from audit.transfer.suite import TransferDataset, TransferSuite
 from training.run import VerifiedRun, as_run
 from training.data import ImageSet, limit_indices, load_dataset
 from training.device import resolve_device
+from foundation.files import TRANSFER_FILE
 from foundation.errors import DataError, UserError
-from audit.transfer.transfer_file import (TRANSFER_FILE, TRANSFER_FORMAT, TransferFile, TransferRow,
+from audit.transfer.transfer_file import (TRANSFER_FORMAT, TransferFile, TransferRow,
                                           write_transfer_file)
 
 __all__ = ["TransferResult", "evaluate_transfer"]

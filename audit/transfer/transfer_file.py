@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.files import TRANSFER_FILE
 
 __all__ = ["TRANSFER_FORMAT", "TRANSFER_FILE", "Accuracy", "LinearProbeEntry", "KnnEntry", "FinetuneEntry",
            "ProtocolError", "LayerEntry", "DecayEntry", "Diagnostics", "SplitInfo", "TransferRow", "TransferFile",
            "read_transfer_file", "write_transfer_file"]
 
 TRANSFER_FORMAT = "dp-audit-transfer/1"
-TRANSFER_FILE = "transfer.json"
 PROTOCOLS = ("linear_probe", "knn", "finetune")
 
 
