@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ from typing import Any
 
 from foundation.errors import UserError
 
-__all__ = ["RayOptions", "RaySession", "ray_session", "import_ray", "task_threads"]
+__all__ = ["RayOptions", "RaySession", "ray_session", "import_ray"]
 
 INSTALL_HINT = "install it with pip install 'dp-audit[ray]' (or pip install ray)"
 
@@ -39,7 +38,7 @@ class RayOptions:
     Attributes:
         address: ``None`` (a local Ray started in-process), ``"auto"`` (the cluster this machine is part of) or
             ``"ray://host:port"`` (Ray Client).
-        cpus_per_task: CPUs each task asks for (also its torch threads).
+        cpus_per_task: CPUs each task asks for (its torch threads at most: :mod:`training.threads`).
         gpus_per_task: GPUs each task asks for (0: train on CPU).
         max_retries: how often Ray re-runs a task that failed or whose worker died.
         local_cpus: CPUs of a local Ray (None: all cores); ignored when connecting to a cluster.
@@ -79,15 +78,6 @@ def import_ray() -> Any:
     except ImportError:
         raise UserError(f"the ray executor needs Ray, which is not installed; {INSTALL_HINT}") from None
     return ray
-
-
-def task_threads(cpus_per_task: float) -> int:
-    """Torch threads of a task that was given ``cpus_per_task`` CPUs (at least one).
-
-    >>> task_threads(0.5), task_threads(4)
-    (1, 4)
-    """
-    return max(1, int(math.floor(cpus_per_task)))
 
 
 class RaySession:

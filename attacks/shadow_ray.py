@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from attacks.ray_farm import RayOptions, ray_session, task_threads
+from attacks.ray_farm import RayOptions, ray_session
 from attacks.recipe import ShadowRecipe
 from training.data import ImageSet
 from training.run import is_complete
@@ -67,8 +67,8 @@ def _task(task: dict[str, Any], shared: dict[str, Any]) -> list[int]:
 
     from attacks.shadow_train import train_shadow_models
     from training.device import resolve_device
+    from training.threads import ThreadBudget
 
-    torch.set_num_threads(task["threads"])
     root = Path(shared["root"])
     staging = root / STAGING_DIR
     staging.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,8 @@ def _task(task: dict[str, Any], shared: dict[str, Any]) -> list[int]:
     train_shadow_models(recipe=shared["recipe"], pool=shared["pool"], test=shared["test"], keep=shared["keep"],
                         seeds=shared["seeds"], todo=todo, root=root, target_name=shared["target_name"],
                         executor=task["kind"], device=device, max_models_per_batch=None,
-                        trust_code=shared["trust_code"], staging=staging)
+                        trust_code=shared["trust_code"], staging=staging,
+                        threads=ThreadBudget(role="ray_task", task_cpus=task["cpus"]))
     for k in todo:
         publish(staging / str(k), root / str(k))
     return list(task["models"])
@@ -99,8 +100,7 @@ def train_on_ray(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None,
     root = Path(root).resolve()
     with ray_session(options) as session:
         groups = plan_tasks(todo, kind=kind, slots=session.slots, models_per_task=models_per_task)
-        threads = task_threads(options.cpus_per_task)
-        tasks = [{"models": g, "kind": kind, "threads": threads} for g in groups]
+        tasks = [{"models": g, "kind": kind, "cpus": options.cpus_per_task} for g in groups]
         shared = session.put({"recipe": recipe, "pool": pool, "test": test, "keep": keep, "seeds": list(seeds),
                               "root": str(root), "target_name": target_name, "trust_code": trust_code})
         bar = _bar(len(tasks)) if show_progress else None

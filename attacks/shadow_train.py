@@ -36,6 +36,7 @@ from foundation.files import CONFIG_FILE, METRICS_FILE
 from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest,
                                    write_manifest)
 from training.run.write import write_membership, write_weights
+from training.threads import ThreadBudget, model_work, using_threads
 
 __all__ = ["Executor", "resolve_executor", "train_shadow_models", "write_batched_run"]
 
@@ -65,12 +66,13 @@ def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int,
 
 def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, state: dict[str, torch.Tensor],
                       mask: np.ndarray, pool: ImageSet, test: ImageSet | None, target_name: str,
-                      wall_seconds: float, device: torch.device) -> Manifest:
+                      wall_seconds: float, device: torch.device, threads: dict[str, Any] | None = None) -> Manifest:
     """Write one batched-trained reference model as a run directory (the trainer's files and manifest schema).
 
     The manifest's privacy section records the DP-SGD phase the model went through (sigma, its own sample
     rate ``B / n_k``, steps, C); a reference model makes no privacy claim of its own, so ``epsilon`` is None.
-    ``manifest.json`` is written last: its presence marks the directory complete.
+    ``manifest.json`` is written last: its presence marks the directory complete. ``threads``: the torch threads
+    the batch trained with and why (:meth:`training.threads.ThreadPlan.record`).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     num_classes, input_shape = len(pool.classes), (3, *pool.x.shape[1:3])
@@ -110,28 +112,35 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
                   "batch_size": recipe.batch_size, "test_accuracy": metrics["test_accuracy"],
                   "train_accuracy": metrics["train_accuracy"], "trainer": "batched"},
         seed=cfg.training.seed, config_sha256=sha256_bytes(config_text.encode("utf-8")),
-        command=f"audit attack (reference model of {target_name}, batched)", device=str(device))
+        command=f"audit attack (reference model of {target_name}, batched)", device=str(device), threads=threads)
     write_manifest(run_dir, manifest)
     return manifest
 
 
 def _train_batched(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,
                    seeds: Sequence[int], todo: Sequence[int], root: Path, out: Path, target_name: str,
-                   device: torch.device, max_models_per_batch: int | None) -> None:
+                   device: torch.device, max_models_per_batch: int | None, threads: ThreadBudget) -> None:
     from training.dp.batched import train_many
 
     cfg = recipe.config
-    factory = model_factory(cfg.model, num_classes=len(pool.classes), input_shape=(3, *pool.x.shape[1:3]))
-    t0 = time.perf_counter()
-    states = train_many(
-        model_factory=factory, x=to_float_tensor(pool.x), y=torch.as_tensor(np.array(pool.y), dtype=torch.int64),
-        masks=keep[list(todo)], seeds=[seeds[k] for k in todo], recipe=recipe.train, device=device,
-        executor="auto", max_models_per_batch=max_models_per_batch)
-    share = (time.perf_counter() - t0) / max(1, len(todo))
-    for k, state in zip(todo, states):
-        scfg = shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
-        write_batched_run(out / str(k), cfg=scfg, recipe=recipe, state=state, mask=keep[k], pool=pool, test=test,
-                          target_name=target_name, wall_seconds=share, device=device)
+    input_shape = (3, *pool.x.shape[1:3])
+    factory = model_factory(cfg.model, num_classes=len(pool.classes), input_shape=input_shape)
+    at_once = min(len(todo), max_models_per_batch or len(todo))
+    plan = threads.plan(work=model_work(params=count_parameters(factory())[0], input_shape=input_shape,
+                                        models=at_once))
+    with using_threads(plan):
+        t0 = time.perf_counter()
+        states = train_many(
+            model_factory=factory, x=to_float_tensor(pool.x),
+            y=torch.as_tensor(np.array(pool.y), dtype=torch.int64), masks=keep[list(todo)],
+            seeds=[seeds[k] for k in todo], recipe=recipe.train, device=device, executor="auto",
+            max_models_per_batch=max_models_per_batch)
+        share = (time.perf_counter() - t0) / max(1, len(todo))
+        for k, state in zip(todo, states):
+            scfg = shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
+            write_batched_run(out / str(k), cfg=scfg, recipe=recipe, state=state, mask=keep[k], pool=pool,
+                              test=test, target_name=target_name, wall_seconds=share, device=device,
+                              threads=plan.record())
 
 
 def _train_with_trainer(task: dict[str, Any]) -> str:
@@ -141,7 +150,7 @@ def _train_with_trainer(task: dict[str, Any]) -> str:
     cfg = TrainConfig.model_validate(task["config"])
     train(cfg, run_dir=task["run_dir"], membership=np.asarray(task["mask"], dtype=bool), progress=False,
           resume=True, command=task["command"], trust_code=bool(task.get("trust_code", False)),
-          canary_package=task.get("canary_package"))
+          canary_package=task.get("canary_package"), threads=task.get("threads"))
     return task["run_dir"]
 
 
@@ -150,7 +159,7 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
                         device: torch.device | str = "cpu", max_models_per_batch: int | None = None,
                         on_done: Callable[[int], None] | None = None, trust_code: bool = False,
                         staging: Path | None = None, ray: Any = None, show_progress: bool = False,
-                        canary_package: Path | None = None) -> None:
+                        canary_package: Path | None = None, threads: ThreadBudget | None = None) -> None:
     """Train the reference models ``todo`` (indices into ``keep``/``seeds``) into ``root/<k>/``.
 
     Args:
@@ -174,6 +183,8 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
         show_progress: ``ray``: a progress bar over the tasks.
         canary_package: the target's copy of an auditor's canary package (the regular trainer rebuilds the pool
             from it, not from the path in the target's config).
+        threads: where this process runs, for its torch thread count (:mod:`training.threads`): a Ray task
+            passes its reserved CPUs; None: one process on this machine's cores.
     """
     todo = list(todo)
     if not todo:
@@ -193,7 +204,8 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
     device = torch.device(device)
     if executor == "batched":
         _train_batched(recipe=recipe, pool=pool, test=test, keep=keep, seeds=seeds, todo=todo, root=root, out=out,
-                       target_name=target_name, device=device, max_models_per_batch=max_models_per_batch)
+                       target_name=target_name, device=device, max_models_per_batch=max_models_per_batch,
+                       threads=threads or ThreadBudget())
         if on_done is not None:
             on_done(len(todo))
         return
@@ -204,6 +216,7 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
         _train_with_trainer({"config": cfg.model_dump(mode="json"), "run_dir": str(out / str(k)),
                              "mask": keep[k].tolist(), "trust_code": trust_code,
                              "canary_package": None if canary_package is None else str(canary_package),
+                             "threads": threads,
                              "command": f"audit attack (reference model of {target_name}, {executor})"})
         if on_done is not None:
             on_done(i)

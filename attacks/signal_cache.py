@@ -40,6 +40,7 @@ from attacks.signals import AugmentationSpec, compute_signals
 from foundation.io import write_npz
 from training.run import VerifiedRun, inputs_digest, run_population
 from foundation.files import SIGNALS_FILE
+from training.threads import ThreadBudget, model_work, using_threads
 
 __all__ = ["SIGNALS_FILE", "Signals", "choose_population", "population_size", "signals_key", "content_sha256",
            "load_or_compute_signals"]
@@ -188,12 +189,16 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
     runs = [target] + ([] if shadows is None else list(shadows.runs))
     n, m, a = len(target.pool), pop_index.size, spec.n_augmentations
 
+    arch = target.manifest.model
+    threads = ThreadBudget().plan(work=model_work(params=arch.param_count, input_shape=arch.input_shape))
+
     def signals_of(run: VerifiedRun, *, keep_weights: bool) -> tuple[np.ndarray, np.ndarray]:
         model = run.model(device=device, keep_weights=keep_weights)
-        on_pool = compute_signals(model, target.pool.x, target.pool.y, spec=spec, batch_size=batch_size,
-                                  device=device)
-        on_pop = compute_signals(model, population.x, population.y, spec=spec, batch_size=batch_size,
-                                 device=device) if m else np.empty((0, a), dtype=np.float32)
+        with using_threads(threads):  # the thread policy, sized for one forward pass of this architecture
+            on_pool = compute_signals(model, target.pool.x, target.pool.y, spec=spec, batch_size=batch_size,
+                                      device=device)
+            on_pop = compute_signals(model, population.x, population.y, spec=spec, batch_size=batch_size,
+                                     device=device) if m else np.empty((0, a), dtype=np.float32)
         return on_pool, on_pop
 
     cached = _read_cache(path, key, say)

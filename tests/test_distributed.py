@@ -7,6 +7,9 @@
   agree; only rank 0 wrote the run directory.
 - kill -9 of rank 1 mid-run: without ``--resume`` the run is refused in one line (exit 2); with it the run
   completes with the uninterrupted run's ε and weights.
+- Network and provenance (issue 31): every socket the ``--nproc 2`` run's processes listen on (the launcher's
+  rendezvous store, the ranks' gloo pairs), sampled from /proc while it runs, is on loopback; its
+  ``provenance.command`` is the user's command with ``--nproc 2``, and ``provenance.threads`` the ranks' share.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from training.dp.sampling import ShardedSampler, make_sampler
 from foundation.errors import UserError
 from training.dp.recipe import TrainRecipe
 from foundation.files import MANIFEST_FILE, STATE_FILE
+from training.threads import PARALLEL_WORK
 
 pytestmark = pytest.mark.slow  # starts processes (torch.multiprocessing spawn, torchrun)
 
@@ -168,6 +172,70 @@ def _audit_train(config: Path, *extra: str) -> subprocess.CompletedProcess:
                            *extra], env=_env(), capture_output=True, text=True, timeout=600)
 
 
+def _tree(root: int) -> set[int]:
+    """``root`` and its descendants now."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
+
+
+def _address(hex_addr: str) -> str:
+    """An address of /proc/net/tcp{,6} (little-endian 32-bit words) as text."""
+    import ipaddress
+
+    raw = bytes.fromhex(hex_addr)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(raw))
+
+
+def listening(pids: set[int]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that one of ``pids`` holds open."""
+    found: set[tuple[str, int]] = set()
+    for pid in pids:
+        try:
+            inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                      if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+            tables = [Path(f"/proc/{pid}/net/{t}").read_text().splitlines()[1:] for t in ("tcp", "tcp6")]
+        except OSError:  # the process ended meanwhile
+            continue
+        for row in (r.split() for table in tables for r in table):
+            if row[3] == "0A" and row[9] in inodes:  # st 0A: LISTEN
+                addr, port = row[1].rsplit(":", 1)
+                found.add((_address(addr), int(port, 16)))
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def _watched_train(config: Path) -> tuple[int, str, str, set[tuple[str, int]]]:
+    """``audit train CONFIG --nproc 2`` with the listening sockets of its process tree sampled until it ends."""
+    env = {k: v for k, v in _env().items() if k not in ("OMP_NUM_THREADS", "DP_AUDIT_THREADS")}  # policy decides
+    proc = subprocess.Popen([sys.executable, "-m", "audit", "train", str(config), "--nproc", "2", "--no-progress"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= listening(_tree(proc.pid))
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err, seen
+
+
 def _privacy(run: Path) -> tuple:
     p = json.loads((run / MANIFEST_FILE).read_text())["privacy"]
     return p["epsilon"], p["delta"], [(f["noise_multiplier"], f["sample_rate"], f["steps"]) for f in p["phases"]]
@@ -180,12 +248,35 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory) -> Path:
+def watched_run(tmp_path_factory) -> tuple[Path, set[tuple[str, int]]]:
+    """The ``--nproc 2`` run directory and the sockets its processes listened on."""
     out = tmp_path_factory.mktemp("ddp")
-    res = _audit_train(_config(out, "two"))
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("done:") == 1  # rank 0 alone reports
-    return out / "two"
+    code, stdout, stderr, seen = _watched_train(_config(out, "two"))
+    assert code == 0, stdout + stderr
+    assert stdout.count("done:") == 1  # rank 0 alone reports
+    return out / "two", seen
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(watched_run) -> Path:
+    return watched_run[0]
+
+
+def test_the_nproc_run_listens_on_loopback_only(watched_run) -> None:
+    _, seen = watched_run
+    assert len(seen) >= 2, seen  # the rendezvous store and the ranks' gloo listeners were seen (not vacuous)
+    assert all(_is_loopback(address) for address, _ in seen), sorted(seen)
+    assert not _is_loopback("0.0.0.0") and not _is_loopback("::") and _is_loopback("::ffff:127.0.0.1")
+    assert _address("0100007F") == "127.0.0.1" and _address("00000000") == "0.0.0.0"
+
+
+def test_the_nproc_run_records_the_users_command_and_the_ranks_threads(two_rank_run: Path) -> None:
+    provenance = json.loads((two_rank_run / MANIFEST_FILE).read_text())["provenance"]
+    assert provenance["command"] == f"audit train {two_rank_run.parent / 'two.yaml'} --nproc 2 --no-progress"
+    threads = provenance["threads"]
+    assert threads["role"] == "rank" and threads["processes"] == 2
+    assert threads["threads"] == 1 and "environment" not in threads["reason"]  # the launcher's OMP_NUM_THREADS=1
+    assert threads["work"] < PARALLEL_WORK or "shared by 2 processes" in threads["reason"]  # is not the user's
 
 
 def test_torchrun_run_claims_what_one_process_claims(two_rank_run: Path, tmp_path: Path) -> None:

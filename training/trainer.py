@@ -43,6 +43,7 @@ from foundation.files import (CANARY_PACKAGE_FILE, CONFIG_FILE, GRADIENT_CANARY_
 from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, read_manifest,
                                    write_manifest)
 from training.run.state import clear_state, has_state, load_state
+from training.threads import ThreadBudget, model_work, rank_budget, using_threads
 from training.run.write import write_membership, write_weights
 from foundation.lock import run_lock
 
@@ -115,7 +116,8 @@ def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInf
 def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
           membership: np.ndarray | None = None, progress: bool | None = None, command: str | None = None,
           stop_after: int | None = None, trust_code: bool = False, warn: Callable[[str], None] | None = None,
-          canary_package: str | Path | None = None, _debug_disable_noise: bool = False) -> TrainResult:
+          canary_package: str | Path | None = None, threads: ThreadBudget | None = None,
+          _debug_disable_noise: bool = False) -> TrainResult:
     """Train one model as ``cfg`` says and write its run directory.
 
     Args:
@@ -135,6 +137,8 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
             from a run directory someone else made (reference models), unless the user said ``--trust-code``.
         canary_package: where to read the auditor's package of ``training.canaries.from_file`` (reference
             models read their target's copy); None: the configured path (a resumed run: its own copy).
+        threads: where this process runs, for its torch thread count (:mod:`training.threads`; recorded in
+            ``provenance.threads``); None: one process, or a rank of ``torchrun`` sharing the node's cores.
         _debug_disable_noise: TEST ONLY. Skips the DP noise while the manifest still claims DP: a planted bug
             that the white-box audit must catch.
 
@@ -157,15 +161,16 @@ def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool =
         agree(world, lambda: held.enter_context(run_lock(run_dir, command=command)))
         return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, membership=membership,
                       progress=progress, command=command, stop_after=stop_after, trust_code=trust_code, warn=warn,
-                      world=world, canary_package=canary_package,
+                      world=world, canary_package=canary_package, held=held,
+                      threads=threads or (rank_budget() if world.distributed else ThreadBudget()),
                       _debug_disable_noise=_debug_disable_noise)
 
 
 def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, membership: np.ndarray | None,
            progress: bool | None, command: str | None, stop_after: int | None, trust_code: bool,
            warn: Callable[[str], None] | None, world: World, canary_package: str | Path | None,
-           _debug_disable_noise: bool) -> TrainResult:
-    """:func:`train` with the run directory locked (by rank 0)."""
+           held: ExitStack, threads: ThreadBudget, _debug_disable_noise: bool) -> TrainResult:
+    """:func:`train` with the run directory locked (by rank 0); ``held`` keeps the thread count until it returns."""
     config_text = dump_config(cfg)
     config_sha = sha256_bytes(config_text.encode("utf-8"))
     mode = agree(world, lambda: _prepare_run_dir(run_dir, config_sha, resume=resume, overwrite=overwrite))
@@ -222,6 +227,9 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
                      debug_disable_noise=_debug_disable_noise, world=world, accel=Accel.from_training(tc),
                      warn=warn if main else None)
     recipe = RECIPES[tc.recipe](setup, ctx)
+    plan = threads.plan(work=model_work(params=count_parameters(recipe.model)[0],
+                                        input_shape=pool.images.x.shape[1:3]))
+    held.enter_context(using_threads(plan))
     if mode == "fresh" and main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / CONFIG_FILE, config_text)
@@ -266,7 +274,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
     extra.update(_canary_record(run_dir, ctx))
     manifest = _finalize(run_dir, cfg, model=model, model_cfg=recipe.model_cfg, model_notes=recipe.model_notes,
                          frozen=frozen, pool=pool, mask=mask, mem_info=mem_info, privacy=privacy, metrics=metrics,
-                         extra=extra, config_sha=config_sha, command=command, device=device)
+                         extra=extra, config_sha=config_sha, command=command, device=device,
+                         threads=plan.record())
     broadcast_object((manifest, metrics), world)
     return TrainResult(run_dir, manifest, metrics, resumed_from=start, warnings=tuple(warnings), pool=pool)
 
@@ -312,7 +321,7 @@ def _privacy_info(pc, phases: list[PhaseInfo], delta: float, notes: list[str]) -
 def _finalize(run_dir: Path, cfg: TrainConfig, *, model: torch.nn.Module, model_cfg: ModelConfig,
               model_notes: list[str], frozen: list[str], pool: Pool, mask: np.ndarray, mem_info: MembershipInfo,
               privacy: PrivacyInfo, metrics: dict, extra: dict, config_sha: str, command: str | None,
-              device: torch.device) -> Manifest:
+              device: torch.device, threads: dict[str, Any]) -> Manifest:
     """Write weights, membership, metrics and the manifest (last: its presence marks the run complete)."""
     weights_sha = write_weights(run_dir, model.state_dict())
     membership_sha = write_membership(run_dir, mask)
@@ -328,7 +337,7 @@ def _finalize(run_dir: Path, cfg: TrainConfig, *, model: torch.nn.Module, model_
                   "steps": metrics["steps"], "batch_size": cfg.training.batch_size,
                   "test_accuracy": metrics["test_accuracy"], "train_accuracy": metrics["train_accuracy"], **extra},
         seed=cfg.training.seed, config_sha256=config_sha, command=command, device=str(device),
-        streamed=pool.streamed)
+        streamed=pool.streamed, threads=threads)
     write_manifest(run_dir, manifest)
     clear_state(run_dir)
     return manifest

@@ -161,6 +161,8 @@ class Provenance(_M):
     device: str | None = None
     device_name: str | None = Field(None, description="the accelerator's model as the driver names it, e.g. "
                                     "'NVIDIA H200'; None on the CPU")
+    threads: dict[str, Any] | None = Field(None, description="torch threads the training used and why "
+                                           "(training.threads.ThreadPlan.record); None: not recorded")
 
 
 class Manifest(_M):
@@ -252,7 +254,7 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
                    frozen: Sequence[str] = (), notes: Sequence[str] = (), canaries: Mapping[str, Any] | None = None,
                    nonmember_split: str | None = None, seed: int | None = None, config_sha256: str | None = None,
                    command: str | None = None, device: str | None = None, streamed: bool | None = None,
-                   split: tuple[int, str] | None = None) -> Manifest:
+                   split: tuple[int, str] | None = None, threads: Mapping[str, Any] | None = None) -> Manifest:
     """The manifest of a run directory whose weights and membership file are already written.
 
     The one builder behind ``audit train``, the batched reference-model trainer and ``audit import``: it fills
@@ -275,6 +277,7 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
         streamed: whether the pool streamed from disk (:mod:`training.data.stream`); None: not recorded.
         split: ``(size, labels sha256)`` of ``data.split`` the pool was drawn from (:class:`training.pool.Pool`),
             so an auditor can tell whether the split's images outside the pool are still the same rows.
+        threads: the torch threads used and why (:meth:`training.threads.ThreadPlan.record`).
 
     >>> from training.config import DataConfig, ModelConfig
     >>> man = build_manifest(run_name="r", model=ModelConfig(arch="small_cnn"), num_classes=10,
@@ -311,7 +314,8 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
                               seed=seed, config_file=CONFIG_FILE if config_sha256 is not None else None,
                               config_sha256=config_sha256,
                               created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              command=command, device=device, device_name=_device_name(device)),
+                              command=command, device=device, device_name=_device_name(device),
+                              threads=None if threads is None else dict(threads)),
     )
 
 
