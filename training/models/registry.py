@@ -6,7 +6,7 @@ with timm's classifier protocol (``forward_features``, ``forward_head(x, pre_log
 ``package.module:factory`` import path work as well (see :func:`training.models.build.build_model`).
 
 >>> sorted(MODELS.names())
-['mlp', 'resnet110_cifar', 'resnet20_cifar', 'resnet32_cifar', 'resnet44_cifar', 'resnet56_cifar', 'resnet_cifar', 'small_cnn']
+['fastnet', 'mlp', 'resnet110_cifar', 'resnet20_cifar', 'resnet32_cifar', 'resnet44_cifar', 'resnet56_cifar', 'resnet_cifar', 'small_cnn']
 >>> MODELS.register("mlp", lambda **kw: None)
 Traceback (most recent call last):
 ...
@@ -22,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from training.models.cifar_resnet import CIFAR_RESNET_DEPTHS, CifarResNet, blocks_for_depth
+from training.models.fastnet import FastNet
 from training.models.small import MLP, SmallCNN
 
 __all__ = ["ModelRegistry", "MODELS", "register_model", "ModelFactory", "canonical_arch"]
@@ -97,6 +98,14 @@ def _mlp(*, num_classes: int, input_shape: tuple[int, int, int], hidden: Any = (
          act: str = "tanh") -> nn.Module:
     """Flatten → hidden layers → classes (see :class:`training.models.small.MLP`)."""
     return MLP(num_classes=num_classes, input_shape=input_shape, hidden=tuple(hidden), act=act)
+
+
+@register_model("fastnet")
+def _fastnet(*, num_classes: int, input_shape: tuple[int, int, int], widths: Any = (64, 256, 256),
+             whiten_kernel: int = 2, logit_scale: float = 1 / 9, whiten_images: int = 5000) -> nn.Module:
+    """Whitened fast convnet of airbench's class (see :class:`training.models.fastnet.FastNet`)."""
+    return FastNet(num_classes=num_classes, widths=tuple(widths), whiten_kernel=whiten_kernel,
+                   logit_scale=logit_scale, whiten_images=whiten_images, in_chans=input_shape[0])
 
 
 def _cifar_resnet_factory(name_depth: int | None) -> ModelFactory:

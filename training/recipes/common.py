@@ -150,6 +150,31 @@ def make_monitor(cfg: TrainConfig, model: nn.Module, images: ImageSet | None, *,
                           clip_norm=cfg.privacy.max_grad_norm, seed=cfg.training.seed)
 
 
+def init_from_members(setup: RunSetup, model: nn.Module) -> str | None:
+    """A data-dependent initialisation from the members (e.g. :class:`training.models.fastnet.FastNet`'s patch
+    whitening): a network exposing ``init_from_data(x)`` and ``data_init_size`` > 0 is given a seeded sample of
+    that many member images (float [0, 1], normalised as the model's input layer does). Returns the manifest's
+    note, or None when the network has no such initialisation.
+
+    Raises:
+        ConfigError: under DP (the initialisation reads the members outside the DP accounting).
+    """
+    net = getattr(model, "net", model)
+    size = int(getattr(net, "data_init_size", 0) or 0)
+    if not hasattr(net, "init_from_data") or size == 0:
+        return None
+    if setup.cfg.privacy.enabled:
+        raise ConfigError(f"model {setup.cfg.model.arch!r} initialises from the members' images (whitening), which "
+                          "is not covered by the DP guarantee; set model.kwargs.whiten_images: 0 under DP")
+    rng = np.random.default_rng([int(setup.cfg.training.seed or 0), 0x57484954])
+    take = np.sort(rng.choice(setup.members, size=min(size, len(setup.members)), replace=False))
+    with torch.no_grad():
+        x = to_float_tensor(setup.pool.images.x[take])
+        normalize = getattr(model, "normalize", None)
+        net.init_from_data(normalize(x.to(next(model.parameters()).device)) if normalize is not None else x)
+    return f"first layer initialised from {len(take)} member images (init_from_data, seeded)"
+
+
 def make_gradient_canaries(cfg: TrainConfig, model: nn.Module):
     """White-box gradient canaries over ``model``'s currently trainable parameters (None when count is 0).
 

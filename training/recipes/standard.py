@@ -6,7 +6,7 @@ from typing import Any
 
 from training.run.manifest import PhaseInfo
 from training.models import build_model
-from training.recipes.common import RunSetup, calibrate_sigma, make_gradient_canaries, make_monitor
+from training.recipes.common import RunSetup, calibrate_sigma, init_from_members, make_gradient_canaries, make_monitor
 from training.phases import PhaseSpec
 from training.loop import NextPhase, RunContext
 
@@ -27,6 +27,9 @@ class StandardRecipe:
         self.model = built.module.to(setup.device)
         self.model_cfg = cfg.model
         self.model_notes = list(built.notes)
+        note = init_from_members(setup, self.model)
+        if note is not None:
+            self.model_notes.append(note)
         steps = setup.private_steps()
         q = tc.batch_size / setup.n
         sigma = calibrate_sigma(cfg, sample_rate=q, steps=steps, delta=setup.delta) if pc.enabled else None
