@@ -4,7 +4,7 @@ The class of network the fast CIFAR-10 training work uses (Page's ResNet-9 DAWNB
 "94% on CIFAR-10 in 3.29 seconds on a single GPU", 2024): a fixed first convolution whose filters whiten 2×2
 image patches (the eigenvectors of the patch covariance, each scaled by 1/√eigenvalue, and their negatives, so
 a following GELU keeps both signs), then three blocks of ``conv3×3 → max-pool 2 → norm → GELU → conv3×3 → norm →
-GELU``, a global max-pool and a linear head whose logits are multiplied by a small constant. Written for this
+GELU``, a global max-pool and a bias-free linear head whose logits are multiplied by a small constant. Written for this
 project from that description; no code was copied.
 
 The whitening is a data-dependent initialisation: :meth:`FastNet.init_from_data` computes it from images as the
@@ -137,12 +137,10 @@ class FastNet(LinearHeadMixin, nn.Module):
         self.whiten.bias.copy_(-(filters.flatten(1) @ mean).to(w.device, w.dtype))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Globally max-pooled features (N, widths[-1])."""
-        return self.blocks(self.act(self.whiten(x))).amax(dim=(2, 3))
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """The head's logits times ``logit_scale`` (features pass through with ``pre_logits``)."""
-        return x if pre_logits else self.head(x) * self.logit_scale
+        """Globally max-pooled features (N, widths[-1]) times ``logit_scale``: with the bias-free head this is the
+        same function, and the same gradients, as scaling the logits, while the head stays a plain final linear
+        layer on pooled features (the classifier protocol every transfer and audit tool here relies on)."""
+        return self.blocks(self.act(self.whiten(x))).amax(dim=(2, 3)) * self.logit_scale
 
     def init_head(self, linear: nn.Linear) -> None:
         """A new head has no bias term, like the original (see :meth:`reset_classifier`)."""
