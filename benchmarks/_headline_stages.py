@@ -133,7 +133,8 @@ def _begin_shadows(run_dir: Path, n_models: int, seed: int):
     """Write the reference models' keep masks and index as ``prepare_shadows`` does, so models trained here by
     several processes are the ones ``audit attack`` then verifies and re-uses."""
     from attacks.recipe import shadow_recipe
-    from attacks.shadows import INDEX_FILE, KEEP_FILE, SHADOW_DIR, _new_index, balanced_keep_masks, shadow_seeds
+    from attacks.shadows import _new_index, balanced_keep_masks, shadow_seeds
+    from foundation.files import INDEX_FILE, KEEP_FILE, SHADOW_DIR
     from foundation.io import sha256_file, write_json, write_npy
     from training.run import open_run
 
@@ -155,7 +156,8 @@ _WORKER: dict = {}
 
 def _worker_init(run_dir: str, n_models: int, seed: int, device: str) -> None:
     from attacks.recipe import shadow_recipe
-    from attacks.shadows import KEEP_FILE, SHADOW_DIR, shadow_seeds
+    from attacks.shadows import shadow_seeds
+    from foundation.files import KEEP_FILE, SHADOW_DIR
     from training.run import open_run
 
     torch.set_num_threads(1)
@@ -224,6 +226,7 @@ def references(settings: dict) -> dict:
     import shutil
 
     from audit import api
+    from foundation.files import SHADOW_DIR
 
     t_stage = time.perf_counter()
     deadline = settings["deadline_at"]
@@ -237,7 +240,7 @@ def references(settings: dict) -> dict:
         if per_model is not None and per_model * k * 1.15 > left:
             out["skipped"] = f"K = {k}: ~{per_model * k:.0f} s of training needed, {left:.0f} s left"
             break
-        shutil.rmtree(run_dir / "shadows", ignore_errors=True)
+        shutil.rmtree(run_dir / SHADOW_DIR, ignore_errors=True)
         device = _device(settings)
         how = settings.get("force_way", {}).get(str(k), probe["best"])
         t0 = time.perf_counter()
