@@ -109,7 +109,7 @@ class PopulationRecord(ResultModel):
 
 
 class AttackSetup(ResultModel):
-    _omit_if_none = frozenset({"population"})
+    _omit_if_none = frozenset({"population", "ray_address"})
 
     n_reference: int
     augmentations: list[str]
@@ -121,6 +121,8 @@ class AttackSetup(ResultModel):
     evaluation: Literal["target", "leave_one_out", "both"]
     recipe_hash: str | None
     executor: str | None
+    ray_address: str | None = None  # the Ray the reference models trained on: local (127.0.0.1), or a cluster's
+    # address without credentials (absent: no Ray, or an older file)
     shadow_train_seconds: Real
 
 

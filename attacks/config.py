@@ -27,7 +27,7 @@ __all__ = ["AttackConfig", "EXECUTION_ONLY", "reference_free_attacks", "fit_to_r
 
 #: settings that change how fast results come, not what they are: left out of :meth:`AttackConfig.sha256`
 EXECUTION_ONLY = ("executor", "workers", "device", "signal_batch_size", "max_models_per_batch", "ray_address",
-                  "ray_cpus_per_task", "ray_gpus_per_task", "ray_max_retries")
+                  "ray_cpus_per_task", "ray_gpus_per_task", "ray_max_retries", "ray_bind_host")
 
 
 class AttackConfig(Strict):
@@ -43,8 +43,12 @@ class AttackConfig(Strict):
                             "batched, sequential, or ray (tasks on a local Ray or a cluster)")
     workers: int | None = Field(None, ge=1, description="ray executor with a local Ray: CPUs it may use "
                                                         "(None: all cores)")
-    ray_address: str | None = Field(None, description="ray executor: 'auto' (this machine's cluster), "
-                                                      "'ray://host:port', or None (a local Ray started in-process)")
+    ray_address: str | None = Field(None, description="ray executor: 'auto' (this machine's cluster), 'host:port' "
+                                                      "(a head's GCS), 'ray://host:port' (Ray Client), or None "
+                                                      "(a private local Ray started in-process)")
+    ray_bind_host: str = Field("127.0.0.1", description="ray executor with a local Ray: where its servers listen; "
+                               "127.0.0.1 (this machine only) or an IP address of this machine other nodes reach "
+                               "(they may then join it with ray start --address)")
     ray_cpus_per_task: float = Field(1.0, gt=0, description="ray executor: CPUs each task asks for")
     ray_gpus_per_task: float = Field(0.0, ge=0, description="ray executor: GPUs each task asks for")
     ray_max_retries: int = Field(3, ge=0, description="ray executor: re-runs of a failed or killed task")
@@ -112,7 +116,7 @@ class AttackConfig(Strict):
         """The Ray settings of the ``ray`` executor."""
         return RayOptions(address=self.ray_address, cpus_per_task=float(self.ray_cpus_per_task),
                           gpus_per_task=float(self.ray_gpus_per_task), max_retries=int(self.ray_max_retries),
-                          local_cpus=self.workers)
+                          local_cpus=self.workers, bind_host=self.ray_bind_host)
 
     def attack_params(self) -> dict[str, object]:
         """The settings :func:`attacks.registry.configured_attack` takes."""

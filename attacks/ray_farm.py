@@ -1,8 +1,10 @@
 """Independent tasks on Ray: a local Ray started in-process, or a cluster the user already runs.
 
 Ray is an optional dependency (``pip install 'dp-audit[ray]'``); it is imported only when a farm opens.
-:func:`ray_session` connects (``address``: ``"auto"`` for the cluster this machine belongs to, ``"ray://host:port"``
-for Ray Client) or starts a local Ray with ``local_cpus`` CPUs, and shuts down only what it started.
+:func:`ray_session` connects (``address``: ``"auto"`` for the cluster this machine belongs to, ``"host:port"`` of
+a head's GCS, ``"ray://host:port"`` for Ray Client), checking the address first, or starts a private local Ray
+with ``local_cpus`` CPUs whose servers listen on ``bind_host`` (``127.0.0.1``); it never attaches to a cluster
+nobody named, and shuts down only what it started (:mod:`attacks.ray_connect`).
 :meth:`RaySession.run` sends one task per item, each asking Ray for ``cpus_per_task`` CPUs and
 ``gpus_per_task`` GPUs; a task that fails or whose worker dies (killed, out of memory, a lost node) is retried
 up to ``max_retries`` times by Ray. Results come back in task order, whatever order the tasks finished in.
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from attacks.ray_connect import LOOPBACK, check_bind_host, connect, describe_local, redact_address, start_local
 from foundation.errors import UserError
 
 __all__ = ["RayOptions", "RaySession", "ray_session", "import_ray"]
@@ -42,6 +45,9 @@ class RayOptions:
         gpus_per_task: GPUs each task asks for (0: train on CPU).
         max_retries: how often Ray re-runs a task that failed or whose worker died.
         local_cpus: CPUs of a local Ray (None: all cores); ignored when connecting to a cluster.
+        bind_host: where a local Ray's servers listen: ``127.0.0.1`` (this machine only), or an IP address of
+            this machine that other nodes reach (for ``ray start --address`` on them; Ray then listens on every
+            interface). A cluster's own nodes choose theirs (``ray start --node-ip-address``).
     """
 
     address: str | None = None
@@ -49,6 +55,7 @@ class RayOptions:
     gpus_per_task: float = 0.0
     max_retries: int = 3
     local_cpus: int | None = None
+    bind_host: str = LOOPBACK
 
     def __post_init__(self) -> None:
         if self.address is not None and (not isinstance(self.address, str) or not self.address
@@ -66,6 +73,11 @@ class RayOptions:
             low = 0 if name == "max_retries" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+        check_bind_host(self.bind_host)
+        if self.address is not None and self.bind_host != LOOPBACK:
+            raise ValueError(f"bind_host applies to a local Ray only, not to the cluster at "
+                             f"{redact_address(self.address)!r} (its nodes choose theirs with ray start "
+                             f"--node-ip-address); got {self.bind_host!r}")
         if self.local_cpus is not None and self.address is None and self.cpus_per_task > self.local_cpus:
             raise ValueError(f"cpus_per_task ({self.cpus_per_task}) exceeds the local Ray's local_cpus "
                              f"({self.local_cpus}): no task could ever be scheduled")
@@ -81,11 +93,14 @@ def import_ray() -> Any:
 
 
 class RaySession:
-    """An open connection to Ray (made by :func:`ray_session`)."""
+    """An open connection to Ray (made by :func:`ray_session`); ``where`` is the Ray it runs on, as results
+    record it (``local (127.0.0.1)``, or the cluster's address without credentials)."""
 
-    def __init__(self, ray: Any, options: RayOptions) -> None:
+    def __init__(self, ray: Any, options: RayOptions, where: str | None = None) -> None:
         self.ray = ray
         self.options = options
+        self.where = where or (describe_local(options.bind_host) if options.address is None
+                               else redact_address(options.address))
 
     @property
     def slots(self) -> int:
@@ -153,31 +168,30 @@ def _get(ray: Any, ref: Any) -> Any:
 def ray_session(options: RayOptions) -> Iterator[RaySession]:
     """Connect to (or start) Ray for the ``with`` block; shut down only a Ray this call started.
 
-    A Ray already initialised in this process (``ray.init`` called by the user or a test) is used as it is.
+    A Ray already initialised in this process (``ray.init`` called by the user, a test, or an enclosing
+    session) is used as it is. ``options.address`` None starts a private local Ray (never one found in Ray's
+    address file or ``RAY_ADDRESS``); any other address is checked (something listening, speaking gRPC) before
+    Ray joins it.
 
     Raises:
-        UserError: Ray is not installed, or the address cannot be reached.
+        UserError: Ray is not installed, a local Ray cannot start, or the address cannot be used (one line
+            naming it and why, within seconds).
     """
     ray = import_ray()
-    started = False
+    stop = None
+    where = None
     original_print = builtins.print  # Ray's driver swaps in its own print when it shows worker logs
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
-        try:
-            if options.address is None:
-                ray.init(num_cpus=options.local_cpus or os.cpu_count() or 1, include_dashboard=False,
-                         log_to_driver=True, configure_logging=False)
-            else:
-                ray.init(address=options.address, log_to_driver=True, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = "a local Ray" if options.address is None else f"the Ray cluster at {options.address!r}"
-            raise UserError(f"could not start or reach {where}: {str(exc).splitlines()[0] if str(exc) else exc}"
-                            ) from None
-        started = True
+        if options.address is None:
+            stop = start_local(ray, num_cpus=options.local_cpus or os.cpu_count() or 1,
+                               bind_host=options.bind_host)
+        else:
+            stop, where = connect(ray, options.address)
     try:
-        yield RaySession(ray, options)
+        yield RaySession(ray, options, where)
     finally:
-        if started:
-            ray.shutdown()
+        if stop is not None:
+            stop()
         builtins.print = original_print

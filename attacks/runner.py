@@ -210,6 +210,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
                   "evaluation": settings.evaluation,
                   "recipe_hash": None if shadows is None else shadows.index["recipe_hash"],
                   "executor": None if shadows is None else shadows.executor,
+                  "ray_address": None if shadows is None else shadows.index.get("ray_address"),
                   "shadow_train_seconds": 0.0 if shadows is None else shadows.train_seconds},
         "attacks": entries,
         "utility": utility,

@@ -9,7 +9,8 @@ On disk, under ``<run>/shadows/``::
 
     keep.npy        (K, n) bool keep masks
     index.json      format, recipe hash, pool fingerprint, K, seed, per-model seeds and weight sha256s,
-                    executor, training seconds, complete flag
+                    executor (and ``ray_address``: the Ray it ran on, without secrets), training
+                    seconds, complete flag
     <k>/            a normal run directory per model (model.safetensors, manifest.json, membership.npy, ...)
 
 Reference models are re-used only when the recipe hash, pool fingerprint, K and seed all match and every
@@ -24,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -213,9 +216,35 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
         raise UserError(f"{target.run_dir} has no config.yaml (an imported checkpoint): reference models need the "
                         f"target's training recipe; run only attacks without reference models "
                         f"(--set attack.attacks=[loss,attack_p])")
+    root = target.run_dir / SHADOW_DIR
+    # the executor is opened (a Ray cluster reached) before anything under shadows/ is deleted or written
+    needed = retrain or not (root / INDEX_FILE).is_file() or not all(is_complete(root / str(k))
+                                                                     for k in range(n_models))
+    with _executor_open(executor, ray, needed=needed) as where:
+        return _prepare(target=target, root=root, n_models=n_models, seed=seed, executor=executor, ray=ray,
+                        where=where, device=device, max_models_per_batch=max_models_per_batch, retrain=retrain,
+                        log=log)
+
+
+@contextmanager
+def _executor_open(executor: str, ray: Any, *, needed: bool) -> Iterator[str | None]:
+    """For ``executor="ray"`` with models to train (or delete): a Ray session for the whole preparation, its
+    address as results record it; else nothing."""
+    if executor != "ray" or not needed:
+        yield None
+        return
+    from attacks.ray_farm import RayOptions, ray_session
+
+    with ray_session(ray or RayOptions()) as session:
+        yield session.where
+
+
+def _prepare(*, target: VerifiedRun, root: Path, n_models: int, seed: int, executor: str, ray: Any,
+             where: str | None, device: str, max_models_per_batch: int | None, retrain: bool,
+             log: Any) -> ShadowSet:
+    """:func:`prepare_shadows` once the executor is open."""
     say = log or (lambda _msg: None)
     recipe = shadow_recipe(config=target.config, manifest=target.manifest)
-    root = target.run_dir / SHADOW_DIR
     n = len(target.pool)
     expected = {"recipe_hash": recipe.hash, "pool_fingerprint": target.pool_fingerprint, "n_reference": n_models,
                 "seed": int(seed)}
@@ -258,6 +287,8 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
         used = chosen if index.get("executor") in (None, chosen) else f"{index['executor']}+{chosen}"
         index = {**index, "models": models, "executor": used, "complete": True,
                  "train_seconds": float(index.get("train_seconds", 0.0)) + time.perf_counter() - t0}
+        if chosen == "ray" and where is not None:
+            index["ray_address"] = where  # the Ray it ran on: local (127.0.0.1), or the cluster without secrets
         write_json(root / INDEX_FILE, index)
     return ShadowSet(root=root, runs=[runs[k] for k in range(n_models)], keep=keep, index=index,
                      index_sha256=sha256_file(root / INDEX_FILE), trained=len(todo))

@@ -89,14 +89,14 @@ def train(config: PathLike, *, overrides: Overrides = None, variant: str | None 
 def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None = None,
            overrides: Overrides = None, retrain_shadows: bool = False,
            executor: str | None = None, ray_address: str | None = None, workers: int | None = None,
-           progress: bool = False, trust_code: bool = False,
+           ray_bind_host: str | None = None, progress: bool = False, trust_code: bool = False,
            note: Callable[[str], None] | None = None) -> AttackResult:
     """``audit attack RUN``: membership inference with reference models trained by the run's own recipe.
 
     Args:
         run: the run directory. config, variant: an experiment YAML whose ``attack:`` section to use.
-        overrides: ``attack.*`` settings. retrain_shadows, executor, ray_address, workers, trust_code: as the
-            command's flags (``ray_address`` implies ``executor="ray"``).
+        overrides: ``attack.*`` settings. retrain_shadows, executor, ray_address, workers, ray_bind_host,
+            trust_code: as the command's flags (``ray_address`` and ``ray_bind_host`` imply ``executor="ray"``).
         progress: print progress messages. note: called with a note when the attacks were narrowed to what the
             run supports (a run without a training recipe).
 
@@ -113,10 +113,11 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
 
         raise CheckpointError(f"run directory not found: {run}")
     given = as_overrides(overrides)
-    if ray_address is not None and executor is None:
+    if (ray_address is not None or ray_bind_host is not None) and executor is None:
         executor = "ray"
     extra = tuple((("attack", key), value) for key, value in
-                  (("executor", executor), ("workers", workers), ("ray_address", ray_address)) if value is not None)
+                  (("executor", executor), ("workers", workers), ("ray_address", ray_address),
+                   ("ray_bind_host", ray_bind_host)) if value is not None)
     cfg = resolve_attack_config(run_dir=run, config_path=config, variant=variant, overrides=given + extra)
     cfg, why = fit_to_run(cfg, has_recipe=has_recipe(run), attacks_chosen=attacks_chosen(config_path=config,
                                                                                           overrides=given))

@@ -88,13 +88,14 @@ class RayFarm:
     def __init__(self, workers: int) -> None:
         import ray
 
+        from attacks.ray_connect import start_local
         from attacks.ray_farm import RayOptions, ray_session
 
         here = os.path.dirname(os.path.abspath(__file__))
         t0 = time.perf_counter()
-        ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)]),
-                                           "OMP_NUM_THREADS": "1"}})
+        # the executor's private local Ray (loopback, never a cluster found in Ray's address file)
+        self._stop = start_local(ray, num_cpus=workers, log_to_driver=False, runtime_env={"env_vars": {
+            "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)]), "OMP_NUM_THREADS": "1"}})
         self._cm = ray_session(RayOptions(cpus_per_task=1))
         self.session = self._cm.__enter__()
         self.startup = time.perf_counter() - t0
@@ -116,10 +117,8 @@ class RayFarm:
         return sds, sum(cpu for _, cpu in out)
 
     def close(self) -> None:
-        import ray
-
         self._cm.__exit__(None, None, None)
-        ray.shutdown()
+        self._stop()
 
 
 def max_weight_diff(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> float:

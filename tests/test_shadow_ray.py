@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from attacks.config import AttackConfig
+from attacks.ray_connect import start_local
 from attacks.ray_farm import RayOptions, ray_session
 from attacks.shadow_ray import STAGING_DIR, plan_tasks
 from attacks.shadows import INDEX_FILE, prepare_shadows
@@ -95,15 +96,16 @@ def payload(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_ray(payload):
-    """A local Ray with 2 CPUs for this module; its workers import this checkout and the payload."""
+    """A private local Ray with 2 CPUs on loopback for this module (as the executor starts it: never a cluster
+    found in Ray's address file); its workers import this checkout and the payload."""
     if ray.is_initialized():
         pytest.skip("another Ray is already running in this process")
     path = [str(payload[0]), str(ROOT / "tests"), str(ROOT)]
     original_print = builtins.print  # Ray's driver may swap in its own print: give the next tests theirs back
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ":".join(path), "OMP_NUM_THREADS": "1"}})
+    stop = start_local(ray, num_cpus=2, log_to_driver=False,
+                       runtime_env={"env_vars": {"PYTHONPATH": ":".join(path), "OMP_NUM_THREADS": "1"}})
     yield ray
-    ray.shutdown()
+    stop()
     builtins.print = original_print
 
 

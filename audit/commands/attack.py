@@ -48,9 +48,12 @@ def _print_table(result: Any) -> None:
 @click.option("--retrain-shadows", is_flag=True, help="delete the reference models under RUN/shadows and retrain")
 @click.option("--executor", type=click.Choice(["auto", "batched", "sequential", "ray"]), default=None,
               help="how reference models train (default: attack.executor)")
-@click.option("--ray-address", default=None, metavar="auto|ray://HOST:PORT",
+@click.option("--ray-address", default=None, metavar="auto|HOST:PORT|ray://HOST:PORT",
               help="train reference models as tasks on this Ray cluster (implies --executor ray); without it "
-                   "--executor ray starts a local Ray")
+                   "--executor ray starts a private local Ray")
+@click.option("--ray-bind-host", default=None, metavar="IP",
+              help="where the local Ray of --executor ray listens (default 127.0.0.1: this machine only); an IP "
+                   "address of this machine opens it to other nodes (ray start --address)")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="CPUs of the local Ray of --executor ray (default: all cores)")
 @click.option("--no-progress", is_flag=True, help="no progress messages")
@@ -59,13 +62,14 @@ def _print_table(result: Any) -> None:
                    "only if you trust who made it (recorded in the results)")
 def command(run: str, config_path: str | None, variant: str | None, overrides: tuple[str, ...],
             retrain_shadows: bool, executor: str | None, ray_address: str | None, workers: int | None,
-            no_progress: bool,
+            ray_bind_host: str | None, no_progress: bool,
             trust_code: bool) -> None:
     """Attack the run in RUN (LOSS, Attack-P, LiRA, RMIA, ...) and write RUN/attack.json and RUN/scores.npz."""
     from audit.api import attack
 
     result = attack(run, config=config_path, variant=variant, overrides=overrides, retrain_shadows=retrain_shadows,
-                    executor=executor, ray_address=ray_address, workers=workers, progress=not no_progress,
+                    executor=executor, ray_address=ray_address, workers=workers, ray_bind_host=ray_bind_host,
+                    progress=not no_progress,
                     trust_code=trust_code,
                     note=lambda message: click.echo(f"note: {run} {message}", err=True))
     _print_table(result)
