@@ -23,15 +23,22 @@ d. **step_table**: ViT-S and ResNet-20 at batch 256: ms per step and GPU busy % 
 GPU busy % of stages a-c is NVML's utilisation sampled every 0.5 s over the stage (the share of time a kernel
 ran); peak memory is torch's ``max_memory_allocated`` in the stage's main process and NVML's device-wide peak.
 
-**A lease** (the device tool's ``run``). Here, once: ``python benchmarks/seed_gpu.py prepare --jpeg`` (all of
-CIFAR-10 as JPEG, ``.device_data/cifar10.jpeg.npz``, 52 MiB) and the wheels of opacus, dp-accounting, dm-tree,
-pydantic, pydantic-core, annotated-types, typing-inspection in ``.whl/`` (both git-ignored; the download line is
-in /work/.library/device/README.md; torch, timm, scipy, sklearn, nvidia-ml-py are on the device). Then ``run``
-with ``carry`` = [".whl", ".device_data/cifar10.jpeg.npz"], ``timeout_s`` 600 and the command::
+**A lease** (the device tool's ``run``). Here, once, in the checkout the session sends (its ignored paths travel
+only when carried): ``python -m experiments gpu prepare --jpeg`` (all of CIFAR-10 as JPEG,
+``.device_data/cifar10.jpeg.npz``, 52 MiB) and the wheels the device lacks, into ``.whl/`` (both git-ignored)::
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/seed_gpu.py decode && python3 benchmarks/gpu_headline.py --data .device_data/cifar10_full --budget 540 --copy-to $OUT
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl opacus==1.6.0 dp-accounting==0.6.0 \
+        dm-tree==0.1.10 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 
-(``--budget`` counts from this script's start; ``decode`` takes ~10 s before it.) What comes back under
+(3.3 MiB; torch, timm, scipy, scikit-learn, PyYAML, safetensors, click, rich, nvidia-ml-py are on the device).
+Then ``run`` with ``carry`` = [".whl", ".device_data/cifar10.jpeg.npz"], ``timeout_s`` 600 and the command::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 -m experiments gpu decode && python3 benchmarks/gpu_headline.py --data .device_data/cifar10_full --budget 540 --copy-to $OUT
+
+(``--budget`` counts from this script's start; ``decode`` takes ~10 s before it, the machine's start is not
+counted in ``timeout_s``.) What comes back under
 ``files_at``: ``gpu_headline.md`` (the table) and ``gpu_headline.json`` (every stage's raw result); copy the
 table to ``results/reference/gpu_headline.md`` here and commit it before anything else (issue 32, item 4).
 
@@ -200,11 +207,11 @@ def run(args: argparse.Namespace) -> Path:
 
     out = Path(args.out or (SMOKE_OUT if args.smoke else REFERENCE_OUT))
     if args.smoke and out.resolve() == REFERENCE_OUT.resolve():
-        raise SystemExit(f"--smoke writes toy CPU figures: not to {REFERENCE_OUT} (use another --out)")
+        raise ValueError(f"--smoke writes toy CPU figures: not to {REFERENCE_OUT} (use another --out)")
     if not args.smoke and not torch.cuda.is_available():
-        raise SystemExit("gpu_headline.py measures a GPU and none is visible; on a CPU run --smoke")
+        raise ValueError("gpu_headline.py measures a GPU and none is visible; on a CPU run --smoke")
     if not args.smoke and not (Path(args.data) / "train.npz").is_file():
-        raise SystemExit(f"--data {args.data} holds no train.npz: run `python3 benchmarks/seed_gpu.py decode` first")
+        raise ValueError(f"--data {args.data} holds no train.npz: run `python3 -m experiments gpu decode` first")
     t_start = time.time()
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-headline-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -241,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="every stage at toy size on the CPU (< 2 minutes)")
     p.add_argument("--data", default=str(ROOT / ".device_data/cifar10_full"),
-                   help="CIFAR-10 folder (train.npz, test.npz, classes.txt): `seed_gpu.py decode` writes it")
+                   help="CIFAR-10 folder (train.npz, test.npz, classes.txt): `python -m experiments gpu decode` writes it")
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all stages together")
     p.add_argument("--out", default=None, help=f"the table (default {REFERENCE_OUT.relative_to(ROOT)}, "
                                                f"--smoke: {SMOKE_OUT.relative_to(ROOT)})")
@@ -253,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="target config override")
     p.add_argument("--set-dp", action="append", default=[], metavar="KEY=VALUE", help="DP target override")
     args = p.parse_args(argv)
-    print(f"wrote {run(args)}")
+    try:
+        print(f"wrote {run(args)}")
+    except ValueError as exc:  # a refusal: one line, exit code 2
+        p.error(str(exc))
     return 0
 
 

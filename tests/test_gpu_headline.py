@@ -3,16 +3,32 @@ the refusals that keep toy or CPU figures out of the reference table, and the go
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+SCRIPT = ROOT / "benchmarks" / "gpu_headline.py"
+STAGES = ("target", "references", "dp_target", "step_table")
 
-import gpu_headline  # noqa: E402
-from _headline_render import render  # noqa: E402
+
+def _load_render():
+    spec = importlib.util.spec_from_file_location("_headline_render", ROOT / "benchmarks" / "_headline_render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.render
+
+
+render = _load_render()
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=900)
 
 
 @pytest.mark.slow
@@ -20,10 +36,11 @@ def test_smoke_runs_every_stage_and_writes_its_own_file(tmp_path):
     out = tmp_path / "smoke.md"
     reference = ROOT / "results/reference/gpu_headline.md"
     before = reference.read_text() if reference.exists() else None
-    gpu_headline.main(["--smoke", "--out", str(out), "--work", str(tmp_path / "work"), "--budget", "600"])
+    done = _run("--smoke", "--out", str(out), "--work", str(tmp_path / "work"), "--budget", "600")
+    assert done.returncode == 0, done.stderr[-2000:]
     text = out.read_text()
     assert text.startswith("# The audit at the scale") and "Toy run (`--smoke`)" in text
-    for stage in gpu_headline.STAGES:
+    for stage in STAGES:
         assert f"| {stage} | done |" in text, stage
     assert "| 2 | lira_online |" in text and "| 4 | rmia_offline |" in text  # K = 2, then K = 4
     assert "(processes)" in text  # the forced path trained K = 2 in worker processes
@@ -35,14 +52,12 @@ def test_smoke_runs_every_stage_and_writes_its_own_file(tmp_path):
     assert (reference.read_text() if reference.exists() else None) == before
 
 
-def test_smoke_never_writes_the_reference_table_and_a_cpu_run_needs_smoke(tmp_path, monkeypatch):
-    with pytest.raises(SystemExit, match="toy CPU figures"):
-        gpu_headline.main(["--smoke", "--out", str(ROOT / "results/reference/gpu_headline.md")])
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="on a CPU run --smoke"):
-        gpu_headline.main(["--out", str(tmp_path / "x.md")])
+def test_smoke_never_writes_the_reference_table_and_a_cpu_run_needs_smoke(tmp_path):
+    done = _run("--smoke", "--out", str(ROOT / "results/reference/gpu_headline.md"))
+    assert done.returncode == 2 and "toy CPU figures" in done.stderr and "Traceback" not in done.stderr
+    done = _run("--out", str(tmp_path / "x.md"), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2 and "on a CPU run --smoke" in done.stderr
+    assert not (tmp_path / "x.md").exists()
 
 
 def _done(acc, seconds, ref_seconds, auc, tpr, busy, vit_ms):
