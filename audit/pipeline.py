@@ -139,7 +139,9 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
             from audit.transfer.runner import evaluate_transfer
             from audit.transfer.suite import load_suite
 
-            suite_path = Path(cfg.transfer.suite)
+            from foundation.config_io import resolve_config_path
+
+            suite_path = resolve_config_path(cfg.transfer.suite)  # eval_configs/... from any directory
 
             def transfer_key() -> str:
                 return inputs_digest(run, suite_sha256=sha256_file(suite_path), **_file_shas(run_dir, TRANSFER_FILE))

@@ -256,6 +256,28 @@ def test_cli_transfer_prints_table_and_maps_user_errors(tmp_path):
     assert bad.exit_code == 2 and "unknown key 'protocols.knn.kk'" in bad.output
 
 
+
+def test_cli_transfer_with_no_data_exits_2_in_one_line_naming_the_suite_key(tmp_path):
+    """A suite none of whose datasets loads is an input error (exit 2, nothing written), and the hint names the
+    suite's own key (datasets.N.root), not a training config's data.root."""
+    from click.testing import CliRunner
+
+    from audit.cli import main
+
+    run = _write_run(tmp_path / "run")
+    suite_path = tmp_path / "suite.yaml"
+    suite_path.write_text(yaml.safe_dump({
+        "name": "none", "device": "cpu",
+        "datasets": [{"name": "food101", "root": str(tmp_path / "nowhere")},
+                     {"name": "svhn", "root": str(tmp_path / "absent")}]}))
+    res = CliRunner().invoke(main, ["transfer", str(run), "--suite", str(suite_path), "--quiet"])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: none of the suite's 2 dataset(s) could be evaluated")
+    assert "datasets.0.root" in lines[0] and "data.root" not in lines[0].replace("datasets.0.root", "")
+    assert not (run / "transfer.json").exists()
+
+
 @pytest.mark.skipif(not (SHARED / "data" / "svhn").is_dir(), reason="../shared/data (offline real data) is absent")
 def test_runner_on_shared_real_data(tmp_path):
     from audit.transfer.runner import evaluate_transfer

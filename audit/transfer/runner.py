@@ -82,10 +82,29 @@ def _model_id(manifest: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _missing_row(spec: TransferDataset, exc: DataError) -> dict[str, Any]:
-    msg = str(exc)
+def suite_root_hint(index: int) -> str:
+    """How to point a suite's dataset at its data (the suite's key, not a training config's ``data.root``).
+
+    >>> suite_root_hint(1)
+    'set datasets.1.root in the suite to the folder holding it (or --set datasets.1.root=PATH)'
+    """
+    return f"set datasets.{index}.root in the suite to the folder holding it (or --set datasets.{index}.root=PATH)"
+
+
+def _missing_row(spec: TransferDataset, exc: DataError, index: int) -> dict[str, Any]:
+    msg = str(exc).split("; set data.root", 1)[0]  # the loader's hint names a training config's keys
+    msg = msg if msg.startswith("missing:") else f"missing: {msg}"
     return {"dataset": spec.key, "name": spec.name, "root": spec.root, "status": "missing",
-            "reason": msg if msg.startswith("missing:") else f"missing: {msg}"}
+            "reason": f"{msg}; {suite_root_hint(index)}"}
+
+
+def _none_evaluated(rows: list[dict[str, Any]]) -> str | None:
+    """One line when no dataset of the suite could be evaluated (every row missing or an error), else None."""
+    if any(r["status"] == "ok" for r in rows):
+        return None
+    first = rows[0]
+    return (f"none of the suite's {len(rows)} dataset(s) could be evaluated; first: {first['dataset']}: "
+            f"{first['reason'].removeprefix('missing: ')}")
 
 
 def _split_info(s: ImageSet, fingerprint: str) -> dict[str, Any]:
@@ -115,7 +134,8 @@ def _diagnostics(model: torch.nn.Module, train: ImageSet, *, suite: TransferSuit
 
 
 def _evaluate_dataset(model: torch.nn.Module, spec: TransferDataset, *, suite: TransferSuite, model_id: str,
-                      image_size: int, cache_dir: Path | None, device: torch.device, log: Log) -> dict[str, Any]:
+                      image_size: int, cache_dir: Path | None, device: torch.device, log: Log,
+                      index: int = 0) -> dict[str, Any]:
     key = spec.key
     try:
         train = load_dataset(spec.name, root=spec.root, split=spec.train_split, image_size=image_size,
@@ -123,8 +143,9 @@ def _evaluate_dataset(model: torch.nn.Module, spec: TransferDataset, *, suite: T
         test = load_dataset(spec.name, root=spec.root, split=spec.test_split, image_size=image_size,
                             limit=_cap(spec.test_limit, suite.budget.max_test_examples))
     except DataError as exc:
-        log(f"{key}: missing ({exc})")
-        return _missing_row(spec, exc)
+        row = _missing_row(spec, exc, index)
+        log(f"{key}: {row['reason']}")
+        return row
     fp_train, fp_test = train.fingerprint(), test.fingerprint()
     row: dict[str, Any] = {"dataset": key, "name": spec.name, "root": spec.root, "status": "ok",
                            "num_classes": len(train.classes), "image_size": image_size,
@@ -195,6 +216,7 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str] | VerifiedRun, suite: T
 
     Raises:
         UntrustedCodeError: the run names code to import and ``trust_code`` is False (nothing was run).
+        DataError: no dataset of the suite could be evaluated (nothing is written).
         CheckpointError: the run directory, manifest or weights are missing or do not match.
         ConfigError: ``device: cuda`` without a GPU.
     """
@@ -207,7 +229,11 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str] | VerifiedRun, suite: T
     image_size = int(suite.image_size or manifest.model.input_shape[1])
     cache = Path(cache_dir) if cache_dir is not None else run_dir / "features"
     rows = [_evaluate_dataset(model, spec, suite=suite, model_id=model_id, image_size=image_size,
-                              cache_dir=cache, device=device, log=say) for spec in suite.datasets]
+                              cache_dir=cache, device=device, log=say, index=i)
+            for i, spec in enumerate(suite.datasets)]
+    nothing = _none_evaluated(rows)
+    if nothing is not None:  # a transfer.json of nothing but "missing" rows would read as a result
+        raise DataError(nothing)
     data = TransferFile.from_data({
         "format": TRANSFER_FORMAT,
         "run": {"dir": str(run_dir), "name": manifest.run_name},
