@@ -78,12 +78,9 @@ class AttackResult:
 
 
 def _logger(progress: bool) -> Callable[[str], None]:
-    if not progress:
-        return lambda _msg: None
-    from rich.console import Console
+    from attacks.stage_log import StageLog
 
-    console = Console(stderr=True)
-    return lambda msg: console.print(f"[dim]attack:[/dim] {msg}")
+    return StageLog(show=progress)
 
 
 def _check_attacks(settings: AttackConfig, target: VerifiedRun) -> None:

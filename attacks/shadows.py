@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from attacks.stage_log import stage_ticker
 from attacks.recipe import shadow_recipe
 from attacks.shadow_train import resolve_executor, train_shadow_models
 from training.data import is_streamed
@@ -279,7 +280,7 @@ def _prepare(*, target: VerifiedRun, root: Path, n_models: int, seed: int, execu
                             executor=chosen, ray=ray, device=resolve_device(device),
                             max_models_per_batch=max_models_per_batch, trust_code=target.code.trust_code,
                             canary_package=canary_package_of(target),
-                            on_done=lambda i: say(f"reference models trained: {i}/{len(todo)}"),
+                            on_done=stage_ticker(say, "reference models trained", len(todo)),
                             show_progress=log is not None)
         for k in todo:
             runs[k] = _verify_model(root, k, keep[k], index, target.pool_fingerprint, trust_code=target.trust_code)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attacks.stage_log import stage_ticker
 from attacks.shadows import ShadowSet
 from attacks.signals import AugmentationSpec, compute_signals
 from foundation.io import write_npz
@@ -214,10 +215,11 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
         say(f"{path} holds target signals that differ from the target's weights: recomputing")
     phi_pool = np.empty((len(runs), n, a), dtype=np.float32)
     phi_pop = np.empty((len(runs), m, a), dtype=np.float32)
+    tick = stage_ticker(say, "signals of the target and reference models", len(runs))
     for i, run in enumerate(runs):
         phi_pool[i], phi_pop[i] = (target_phi if (i == 0 and target_phi is not None)
                                    else signals_of(run, keep_weights=i == 0))
-        say(f"signals: model {i + 1}/{len(runs)}")
+        tick(i + 1)
     keep = np.zeros((0, n), dtype=bool) if shadows is None else shadows.keep
     arrays = {"key": np.array(key), "pool": phi_pool, "population": phi_pop, "population_index": pop_index,
               "keep": keep, "augmentations": np.array(spec.names)}

@@ -99,6 +99,7 @@ def _run_steps(cfg: RunConfig, *, steps: tuple[str, ...], retrain_shadows: bool,
     res = VariantResult(cfg.variant, run_dir)
     label = cfg.name
     run: VerifiedRun | None = None
+    progress = progress and cfg.train_config().training.progress  # the config's `training.progress: false` holds
 
     if "train" in steps:
         t0 = time.perf_counter()

@@ -34,6 +34,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from foundation.shared_root import shared_root
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ from training.config import TrainConfig
 from training.run import open_run
 from _common import remake_section, run_script
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = shared_root()  # $DP_AUDIT_SHARED, default ../shared
 LIRA_DEMO = {"lira_online_fixed_var": (0.686, 0.059)}
 #: model presets: (arch, kwargs, description, default steps, default Adam lr)
 PRESETS = {

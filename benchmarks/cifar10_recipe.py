@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from foundation.shared_root import shared_root
 
 import torch
 
@@ -30,7 +31,7 @@ from training.evaluate import accuracy  # noqa: E402
 from training.run import open_run  # noqa: E402
 from training.trainer import train  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = shared_root() / "data"  # $DP_AUDIT_SHARED, default ../shared
 PUBLISHED = {
     "nondp": "≥ 90 % is the aim (standard CIFAR-10 ResNet-18 training reaches 93–95 % on the 50,000 exact images)",
     "dp": "79.5 % (De et al. 2022, WRN-16-4, ε = 8, δ = 1e-5, batch 4,096, 16 augmentations per example)",

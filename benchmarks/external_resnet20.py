@@ -22,6 +22,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from foundation.shared_root import shared_root
 
 import torch
 
@@ -31,7 +32,7 @@ from attacks.resolution import format_tpr
 from audit.importer import import_checkpoint, parse_source
 from _common import remake_section, run_script
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = shared_root()  # $DP_AUDIT_SHARED, default ../shared
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 

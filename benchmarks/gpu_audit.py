@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from foundation.shared_root import shared_root
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ import torch
 from _common import remake_section, run_script
 from training.device import device_name, is_cuda, peak_memory_bytes, reset_peak_memory, synchronize
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = shared_root()  # $DP_AUDIT_SHARED, default ../shared
 ATTACKS = ("lira_online", "lira_offline", "rmia_offline")
 #: the LiRA paper's 16-model demo (WRN-28-2 on CIFAR-10, online LiRA, fixed variance): AUC, TPR at 0.1 % FPR
 LIRA_DEMO = (0.686, 0.059)

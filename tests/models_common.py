@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import warnings
 from pathlib import Path
+from foundation.shared_root import shared_root
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from training.models import (
     build_model,
 )
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = shared_root()  # $DP_AUDIT_SHARED, default ../shared
 RESNET20_WEIGHTS = SHARED / "weights" / "resnet20-cifar10-12fca82f.th"
 CIFAR10_EXACT_TEST = SHARED / "data" / "cifar10_exact" / "test.npz"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

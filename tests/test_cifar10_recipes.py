@@ -5,6 +5,7 @@ on the CPU on a small slice of the real data in ../shared (skipped without it), 
 from __future__ import annotations
 
 from pathlib import Path
+from foundation.shared_root import missing_reason, shared_root
 
 import pytest
 
@@ -12,7 +13,7 @@ from training.config import load_config
 from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
-CIFAR = ROOT.parent / "shared" / "data" / "cifar10"
+CIFAR = shared_root() / "data" / "cifar10"  # $DP_AUDIT_SHARED, default ../shared
 CONFIGS = {"nondp": ROOT / "eval_configs" / "cifar10_resnet.yaml", "dp": ROOT / "eval_configs" / "cifar10_resnet_dp.yaml"}
 SMALL = ["data.pool_size=96", "data.test_size=32", "training.epochs=null", "training.steps=2",
          "training.batch_size=16", "training.physical_batch_size=8", "training.progress=false",
@@ -31,7 +32,7 @@ def test_recipes_validate_and_say_what_they_promise():
     assert dp.training.augment.multiplicity == 16 and dp.training.batch_size == 4096
 
 
-@pytest.mark.skipif(not (CIFAR / "train.npz").is_file(), reason=f"no CIFAR-10 arrays under {CIFAR}")
+@pytest.mark.skipif(not (CIFAR / "train.npz").is_file(), reason=missing_reason("data/cifar10/train.npz"))
 @pytest.mark.parametrize("which", ["nondp", "dp"])
 def test_recipes_train_a_few_steps_on_the_cpu(tmp_path, which):
     extra = ["training.augment.multiplicity=2"] if which == "dp" else []

@@ -5,6 +5,7 @@ is faked and read in tests/test_datasets.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from foundation.shared_root import missing_reason, shared_root
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from foundation.errors import DataError
 
 from test_datasets import DISK_DATASETS, make_food101
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = shared_root() / "data"  # $DP_AUDIT_SHARED, default ../shared
 
 # -------------------------------------------------------------------------------------------- registry
 
@@ -254,7 +255,7 @@ def test_fit_image_centre_crop_and_resized():
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "cifar10_exact").is_dir(),
-                    reason=f"real data not available ({SHARED_DATA / 'cifar10_exact'} absent)")
+                    reason=missing_reason("data/cifar10_exact"))
 def test_real_cifar10_exact_loads_via_npz_layout():
     root = SHARED_DATA / "cifar10_exact"
     train = load_dataset("cifar10", root=root)

@@ -424,3 +424,9 @@ def test_progress_bar_labels_its_epsilon_as_the_rdp_bound(tmp_path):
     logger.log(1, stats, epsilon=9.17)
     logger.close()
     assert EPSILON_LABEL == "ε (RDP, upper bound)" and seen == [f"loss 1.000  {EPSILON_LABEL} 9.17"]
+    prv = TrainLogger(tmp_path / "tb2", total=10, show=True, claim_accountant="prv")  # both bounds named
+    seen.clear()
+    prv._progress.update = lambda _task, **kw: seen.append(kw.get("info"))
+    prv.log(1, stats, epsilon=9.17)
+    prv.close()
+    assert seen == ["loss 1.000  ε (RDP upper bound; the claim uses PRV, printed at the end) 9.17"]

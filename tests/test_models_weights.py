@@ -21,6 +21,7 @@ from torch import nn
 
 from training.config import ModelConfig
 from foundation.errors import CheckpointError
+from foundation.shared_root import missing_reason
 from foundation.io import save_safetensors
 from training.models import (
     build_model,
@@ -96,7 +97,7 @@ def test_timm_named_vit_weights_load_before_the_token_patch(tmp_path):
 
 
 @pytest.mark.skipif(not RESNET20_WEIGHTS.is_file() or not CIFAR10_EXACT_TEST.is_file(),
-                    reason=f"shared weights/data not found under {SHARED}")
+                    reason=missing_reason("weights/resnet20-cifar10-12fca82f.th and data/cifar10_exact"))
 def test_real_resnet20_checkpoint_loads_strictly_and_is_accurate():
     state = load_weights_file(RESNET20_WEIGHTS)
     assert len(state) == 97 and not any(k.startswith("module.") for k in state)
@@ -115,7 +116,7 @@ def test_real_resnet20_checkpoint_loads_strictly_and_is_accurate():
     assert count_parameters(model) == (269722, 269722)
 
 
-@pytest.mark.skipif(not RESNET20_WEIGHTS.is_file(), reason=f"shared weights not found under {SHARED}")
+@pytest.mark.skipif(not RESNET20_WEIGHTS.is_file(), reason=missing_reason("weights/resnet20-cifar10-12fca82f.th"))
 def test_real_resnet20_batchnorm_weights_carry_over_to_groupnorm():
     built = build_model(ModelConfig(arch="resnet20_cifar", pretrained=str(RESNET20_WEIGHTS)), num_classes=10,
                         input_shape=(3, 32, 32))

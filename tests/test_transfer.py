@@ -4,6 +4,7 @@ tests/test_transfer_math.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from foundation.shared_root import missing_reason, shared_root
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from audit.transfer.suite import TransferSuite, load_suite, parse_suite
 from foundation.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = shared_root()  # $DP_AUDIT_SHARED, default ../shared
 
 
 # ---------------------------------------------------------------------------------------------- suites
@@ -278,7 +279,7 @@ def test_cli_transfer_with_no_data_exits_2_in_one_line_naming_the_suite_key(tmp_
     assert not (run / "transfer.json").exists()
 
 
-@pytest.mark.skipif(not (SHARED / "data" / "svhn").is_dir(), reason="../shared/data (offline real data) is absent")
+@pytest.mark.skipif(not (SHARED / "data" / "svhn").is_dir(), reason=missing_reason("data/svhn"))
 def test_runner_on_shared_real_data(tmp_path):
     from audit.transfer.runner import evaluate_transfer
 

@@ -7,11 +7,28 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainLogger", "EPSILON_LABEL"]
+__all__ = ["TrainLogger", "EPSILON_LABEL", "epsilon_label"]
 
 #: The bar's ε is the RDP bound of the steps so far (fast, at every log interval), not the claim's accountant: RDP
 #: is looser than PRV/PLD (9.17 beside a PRV claim of 8.00 is no overshoot), so the bar says which bound it shows.
 EPSILON_LABEL = "ε (RDP, upper bound)"
+
+
+def epsilon_label(claim_accountant: str | None) -> str:
+    """The bar's ε label, naming both bounds when the claim uses another accountant than the bar's RDP.
+
+    >>> epsilon_label("prv")
+    'ε (RDP upper bound; the claim uses PRV, printed at the end)'
+    >>> epsilon_label("rdp")
+    'ε (RDP, the claim\'s accountant)'
+    >>> epsilon_label(None)
+    'ε (RDP, upper bound)'
+    """
+    if claim_accountant is None:
+        return EPSILON_LABEL
+    if claim_accountant.lower() == "rdp":
+        return "ε (RDP, the claim's accountant)"
+    return f"ε (RDP upper bound; the claim uses {claim_accountant.upper()}, printed at the end)"
 
 
 class TrainLogger:
@@ -22,12 +39,14 @@ class TrainLogger:
     fraction of clipped per-sample gradients, mean per-sample gradient norm, noise std.
     """
 
-    def __init__(self, tb_dir: Path, *, total: int, start: int = 0, show: bool = True, dp: bool = True) -> None:
+    def __init__(self, tb_dir: Path, *, total: int, start: int = 0, show: bool = True, dp: bool = True,
+                 claim_accountant: str | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         self._writer = SummaryWriter(log_dir=str(tb_dir))
         self._dp = dp
+        self._label = epsilon_label(claim_accountant)
         self._progress = None
         if show:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -55,7 +74,7 @@ class TrainLogger:
             if k != "step":
                 self.scalar(f"train/{k}", v, step)
         if self._progress is not None:
-            info = f"loss {row['loss']:.3f}" + (f"  {EPSILON_LABEL} {epsilon:.2f}" if epsilon is not None else "")
+            info = f"loss {row['loss']:.3f}" + (f"  {self._label} {epsilon:.2f}" if epsilon is not None else "")
             self._progress.update(self._task, completed=step, info=info)
         return row
 

@@ -243,7 +243,8 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
                                           "bit-identical to an uninterrupted one" if start else ""))
     if main:
         ctx.logger = TrainLogger(run_dir / TB_DIR, total=recipe.total_steps(), start=start,
-                                 show=tc.progress if progress is None else progress, dp=pc.enabled)
+                                 show=tc.progress if progress is None else progress, dp=pc.enabled,
+                                 claim_accountant=pc.accountant if pc.enabled else None)
     t0 = time.perf_counter()
     try:
         model = run_phases(ctx, recipe.model, recipe.next_phase, state=state)

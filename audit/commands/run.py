@@ -49,7 +49,7 @@ def command(config: str, overrides: tuple[str, ...], variants: tuple[str, ...], 
     console = Console(stderr=True)
     results = run_pipeline(config=cfg, variants=list(variants) or None, steps=chosen,
                            retrain_shadows=retrain_shadows, progress=not no_progress,
-                           command=shlex.join(["audit", *sys.argv[1:]]), log=lambda m: console.print(m),
+                           command=shlex.join(["audit", *sys.argv[1:]]), log=lambda m: console.print(m, markup=False, highlight=False),
                            warn=lambda m: click.echo(f"warning: {m}", err=True))
     table = Table(title=f"audit run {config}")
     for col in ("run", "claimed ε", "test acc", "strongest attack", "AUC", "TPR@0.1%FPR", "ε lower bound",
