@@ -19,8 +19,8 @@ def epsilon_label(claim_accountant: str | None) -> str:
 
     >>> epsilon_label("prv")
     'ε (RDP upper bound; the claim uses PRV, printed at the end)'
-    >>> epsilon_label("rdp")
-    'ε (RDP, the claim\'s accountant)'
+    >>> print(epsilon_label("rdp"))
+    ε (RDP, the claim's accountant)
     >>> epsilon_label(None)
     'ε (RDP, upper bound)'
     """
