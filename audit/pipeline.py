@@ -182,13 +182,22 @@ def summarize(run: Path | VerifiedRun) -> dict[str, Any]:
     out: dict[str, Any] = {"run": files.run_dir.name, "claimed_epsilon": files.manifest.privacy.claimed_epsilon}
     out["test_accuracy"] = files.test_accuracy
     if files.attack is not None and files.attack.attacks:
-        name, entry = max(files.attack.attacks.items(), key=lambda kv: kv[1].metrics.auc)
+        from attacks.strongest import reference_level, strongest
+
+        cands = {k: (e.metrics.auc, e.metrics.tpr_at_fpr, e.metrics.n_nonmembers)
+                 for k, e in files.attack.attacks.items()}
+        name = strongest(cands)  # the report's and the gate's definition (attacks/strongest.py)
+        entry = files.attack.attacks[name]
+        level = reference_level(cands)
         tpr = entry.metrics.tpr_at_fpr.get("0.001")
-        out.update(strongest_attack=name, auc=entry.metrics.auc,
+        out.update(strongest_attack=name, auc=entry.metrics.auc, reference_fpr=float(level) if level else None,
+                   tpr_at_reference_fpr=entry.metrics.tpr_at_fpr.get(level) if level else None,
                    tpr_at_0_1pct_fpr=tpr if resolvable(0.001, entry.metrics.n_nonmembers)
                    else not_resolvable(entry.metrics.n_nonmembers))
     if files.epsilon is not None:
-        out.update(epsilon_lb=files.epsilon.verdict.best_epsilon_lb, verdict=str(files.epsilon.verdict.status))
+        v = files.epsilon.verdict
+        out.update(epsilon_lb=v.best_epsilon_lb if v.best_method is not None else None, verdict=str(v.status),
+                   inconclusive_above=v.inconclusive_above)
     return out
 
 

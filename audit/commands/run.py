@@ -49,18 +49,34 @@ def command(config: str, overrides: tuple[str, ...], variants: tuple[str, ...], 
     console = Console(stderr=True)
     results = run_pipeline(config=cfg, variants=list(variants) or None, steps=chosen,
                            retrain_shadows=retrain_shadows, progress=not no_progress,
-                           command=shlex.join(["audit", *sys.argv[1:]]), log=lambda m: console.print(m, markup=False, highlight=False),
+                           command=shlex.join(["audit", *sys.argv[1:]]),
+                           log=lambda m: console.print(m, markup=False, highlight=False),
                            warn=lambda m: click.echo(f"warning: {m}", err=True))
+    from attacks.strongest import DEFINITION
+
     table = Table(title=f"audit run {config}")
-    for col in ("run", "claimed ε", "test acc", "strongest attack", "AUC", "TPR@0.1%FPR", "ε lower bound",
+    for col in ("run", "claimed ε", "test acc", "strongest attack", "AUC", "TPR at FPR", "ε lower bound",
                 "verdict", "report"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in results:
         s = r.summary
         report = r.run_dir / REPORT_HTML_FILE
+        fpr = s.get("reference_fpr")
+        tpr = (f"{_fmt(s.get('tpr_at_reference_fpr'), '.3f')} at {100 * fpr:g}%" if fpr is not None
+               else "-" if s.get("strongest_attack") is None else "no resolvable FPR")
         table.add_row(s.get("run", str(r.run_dir)), _fmt(s.get("claimed_epsilon"), ".3g"),
                       _fmt(s.get("test_accuracy"), ".3f"), s.get("strongest_attack") or "-",
-                      _fmt(s.get("auc"), ".3f"), _fmt(s.get("tpr_at_0_1pct_fpr"), ".3f"),
-                      _fmt(s.get("epsilon_lb"), ".3f"), s.get("verdict") or "-",
-                      str(report) if report.exists() else "-")
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+                      _fmt(s.get("auc"), ".3f"), tpr, _fmt(s.get("epsilon_lb"), ".3f"),
+                      _verdict_cell(s), str(report) if report.exists() else "-")
+    out = Console(width=None if sys.stdout.isatty() else 200)  # piped: wide, cells wrap instead of truncating
+    out.print(table)
+    out.print(f"{DEFINITION}; ε lower bound: the deciding estimator's, '-' when none was estimated", markup=False,
+              highlight=False)
+
+
+def _verdict_cell(summary: dict) -> str:
+    """The verdict word, with "inconclusive" when no estimator could have reached the claim."""
+    verdict = summary.get("verdict") or "-"
+    if verdict == "CONSISTENT" and summary.get("inconclusive_above") is not None:
+        return "CONSISTENT (inconclusive: could not have detected a violation)"
+    return verdict

@@ -37,6 +37,7 @@ from audit.reporting.model import (
     UtilitySection,
     Vulnerable,
 )
+from attacks.strongest import reference_level, strongest
 from training.trust import code_in_run
 
 __all__ = ["ATTACK_INFO", "build_report", "commands_for", "strongest_attack"]
@@ -83,27 +84,22 @@ def commands_for(run: RunFiles) -> dict[str, str]:
     }
 
 
+def _candidates(rows: list[AttackRow]) -> dict:
+    return {r.name: (r.auc, r.tpr, r.n_nonmembers) for r in rows}
+
+
 def strongest_attack(rows: list[AttackRow], level: str | None) -> AttackRow | None:
-    """The attack with the highest TPR at ``level`` (ties and missing levels broken by AUC)."""
-
-    def key(row: AttackRow) -> tuple[float, float]:
-        tpr = row.tpr.get(level) if level is not None else None
-        tpr = -1.0 if tpr is None or isinstance(tpr, str) or math.isnan(tpr) else tpr
-        auc = -1.0 if math.isnan(row.auc) else row.auc
-        return (tpr, auc)
-
-    return max(rows, key=key) if rows else None
+    """The strongest attack by the one definition (:mod:`attacks.strongest`) at ``level``."""
+    name = strongest(_candidates(rows), level)
+    return next((r for r in rows if r.name == name), None)
 
 
 def glance_level(levels: list[str], rows: list[AttackRow]) -> str | None:
-    """The FPR level of the at-a-glance TPR: :data:`GLANCE_FPR` when every attack's non-members resolve it, else
-    the smallest level above it that they do (a TPR below ``1 / N`` non-members is not a TPR at that FPR)."""
-    def ok(lv: str) -> bool:
-        return all(r.n_nonmembers is None or resolvable(float(lv), r.n_nonmembers) for r in rows)
-
-    usable = sorted((lv for lv in levels if float(lv) >= GLANCE_FPR - 1e-15 and ok(lv)), key=float)
-    exact = [lv for lv in usable if math.isclose(float(lv), GLANCE_FPR)]
-    return (exact or usable or [None])[0]
+    """The FPR level of the at-a-glance TPR: the reference FPR of :mod:`attacks.strongest` (0.1 % when every
+    attack's non-members resolve it, else the smallest level above it that they do; a TPR below ``1 / N``
+    non-members is not a TPR at that FPR)."""
+    level = reference_level(_candidates(rows))
+    return level if level in levels else None
 
 
 def _levels(run: RunFiles) -> list[str]:
@@ -181,6 +177,33 @@ def epsilon_section(run: RunFiles, commands: dict[str, str]) -> EpsilonSection:
                           inconclusive_above=v.inconclusive_above, notes=list(v.notes))
 
 
+def membership_text(data: Any) -> str:
+    """How the pool's members were drawn, as recorded (an auditor's canary package is all members).
+
+    >>> from types import SimpleNamespace as N
+    >>> d = N(membership=N(scheme="bernoulli", p=0.5, seed=0, n_members=1300, n_pool=1797), canaries=None)
+    >>> membership_text(d)[-43:]
+    'seed 0); 1,300 members (72.34% of the pool)'
+    >>> d.canaries = {"kind": "auditor", "count": 1000}
+    >>> membership_text(d)[:95]
+    'each of the 797 images of its own data was included independently with probability 0.5 (seed 0)'
+    """
+    mem = data.membership
+    share = f"{mem.n_members:,} members ({fmt.pct(mem.n_members / mem.n_pool) if mem.n_pool else '—'} of the pool)"
+    if mem.scheme == "bernoulli":
+        canaries = data.canaries or {}
+        n_pkg = int(canaries.get("count", 0)) if canaries.get("kind") == "auditor" else 0
+        if n_pkg:
+            return (f"each of the {mem.n_pool - n_pkg:,} images of its own data was included independently with "
+                    f"probability {fmt.num(mem.p)} (seed {mem.seed}), and all {n_pkg:,} canaries of the auditor's "
+                    f"package were included; {share}")
+        return (f"each of the {mem.n_pool:,} pool images was included independently with probability "
+                f"{fmt.num(mem.p)} (seed {mem.seed}); {share}")
+    if mem.scheme == "all":
+        return f"the whole pool of {mem.n_pool:,} images was trained on"
+    return f"an explicit membership mask: {share}"
+
+
 def claim_section(run: RunFiles) -> Claim:
     p = run.manifest.privacy
     phases = [PhaseRow(name=ph.name, dp=ph.dp, noise_multiplier=ph.noise_multiplier, sample_rate=ph.sample_rate,
@@ -189,14 +212,7 @@ def claim_section(run: RunFiles) -> Claim:
                        max_grad_norm=ph.max_grad_norm, epsilon=ph.epsilon, dataset=ph.dataset)
               for ph in p.phases]
     cross = p.epsilon_cross_check or {}
-    mem = run.manifest.data.membership
-    if mem.scheme == "bernoulli":
-        membership = (f"each of the {mem.n_pool:,} pool images was included independently with probability "
-                      f"{fmt.num(mem.p)} (seed {mem.seed}); {mem.n_members:,} members")
-    elif mem.scheme == "all":
-        membership = f"the whole pool of {mem.n_pool:,} images was trained on"
-    else:
-        membership = f"an explicit membership mask: {mem.n_members:,} of {mem.n_pool:,} pool images"
+    membership = membership_text(run.manifest.data)
     cross_eps = cross.get("epsilon")
     return Claim(dp=p.dp, claimed_epsilon=p.epsilon if p.dp else None, accountant=p.accountant,
                  cross_check_accountant=cross.get("accountant"),
@@ -206,17 +222,41 @@ def claim_section(run: RunFiles) -> Claim:
                  notes=list(p.notes))
 
 
+def queries_phrase(augmentations: list[str]) -> str:
+    """How each image was queried, from the attack's recorded augmentations.
+
+    >>> queries_phrase(["identity"]), queries_phrase(["identity", "flip"]), queries_phrase([])
+    ('each queried once (as it is)', 'each queried 2 times (identity, flip)', 'each queried once')
+    """
+    if not augmentations:
+        return "each queried once"
+    if augmentations == ["identity"]:
+        return "each queried once (as it is)"
+    return f"each queried {len(augmentations)} times ({', '.join(augmentations)})"
+
+
+def recipe_phrase(run: RunFiles) -> str:
+    """What the reference models' recipe included, from the target's manifest: its DP phases or none."""
+    phases = run.manifest.privacy.phases
+    dp = [ph for ph in phases if ph.dp]
+    if not dp:
+        return "without DP, as the target was trained"
+    if len(dp) == len(phases):
+        return "DP-SGD included, with the target's noise, sampling rate and clipping"
+    return (f"{len(dp)} DP phase(s) with the target's noise, sampling rate and clipping, and its "
+            f"{len(phases) - len(dp)} non-DP phase(s)")
+
+
 def threat_section(run: RunFiles) -> ThreatModel:
     paras = ["The attacker's question: given an image, was it part of this model's training data? "
              "Each attack outputs a score per image (higher score = more likely a member)."]
     if run.attack is not None:
         s = run.attack.setup
-        augs = ", ".join(s.augmentations) if s.augmentations else "no augmentations"
         paras.append(f"Black-box access: the attacker sees only the model's output scores on the images it "
-                     f"queries, each queried several times ({augs}). It never sees the weights.")
+                     f"queries, {queries_phrase(list(s.augmentations or []))}. It never sees the weights.")
         if s.n_reference:
             paras.append(f"Knowledge of the recipe: the attacker trains {s.n_reference} reference models with "
-                         f"the target's own recipe (DP included) on random halves of a pool of "
+                         f"the target's own recipe ({recipe_phrase(run)}) on random halves of a pool of "
                          f"{fmt.count(s.pool_size)} images from the same distribution"
                          + (f", and uses {fmt.count(s.n_population)} further population images for comparison."
                             if s.n_population else "."))
@@ -307,17 +347,36 @@ def code_items(run: RunFiles) -> list[tuple[str, str]]:
     (:mod:`training.trust`); without it no code named by the run directory was imported.
     """
     named = [str(ref) for ref in code_in_run(run.run_dir)]
+    # a command "ran the code" only when the run named code and the command was allowed to import it: the trust
+    # flag alone (audit run trusts your own config) imports nothing when the run names no code
     trusted = [cmd for cmd, res in (("audit attack", run.attack), ("audit epsilon", run.epsilon),
                                     ("audit transfer", run.transfer))
-               if res is not None and res.code is not None and res.code.trust_code]
+               if res is not None and res.code is not None and res.code.trust_code and res.code.names_code]
     if trusted:
-        verdict = f"yes: {', '.join(trusted)} ran with --trust-code"
+        verdict = (f"yes: {', '.join(trusted)} imported it (trusted with --trust-code, or by audit run of your "
+                   f"own config)")
     elif named:
         verdict = "no: the code it names was not run (--trust-code not given)"
     else:
         verdict = "no (not needed: the run names no code)"
     return [("code named by the run", "; ".join(named) if named else "none (registered or timm architectures)"),
             ("code trusted", verdict)]
+
+
+def attack_sentence(title: str, tpr: float, fpr: float) -> str:
+    """The at-a-glance sentence on the strongest attack; a TPR no better than its FPR is said to be chance.
+
+    >>> attack_sentence("LiRA", 0.05, 0.01)[:80]
+    'The strongest attack (LiRA) recognises 5.00% of training images at a 1% false-po'
+    >>> attack_sentence("LOSS", 0.0097, 0.01)[:80]
+    'The strongest attack (LOSS) does no better than random guessing at a 1% false-po'
+    """
+    if tpr <= fpr:
+        return (f"The strongest attack ({title}) does no better than random guessing at a {fmt.fpr_label(fpr)} "
+                f"false-positive rate: it flags {fmt.pct(tpr)} of training images and {fmt.fpr_label(fpr)} of "
+                f"other images.")
+    return (f"The strongest attack ({title}) recognises {fmt.pct(tpr)} of training images at a "
+            f"{fmt.fpr_label(fpr)} false-positive rate (random guessing would recognise {fmt.fpr_label(fpr)}).")
 
 
 def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) -> Glance:
@@ -331,17 +390,31 @@ def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) 
     alpha = eps.alpha
     conf = 1.0 - alpha if alpha is not None else None
     conf_s = f" with {fmt.num(100 * conf)}% confidence" if conf is not None else ""
-    lb = eps.best_epsilon_lb
+    estimated = eps.ran and eps.best_method is not None  # a bound exists (0 is a bound only when estimated)
+    lb = eps.best_epsilon_lb if estimated else None
     claim_errors = run.epsilon.verdict.errors if (eps.ran and run.epsilon is not None) else ()
+    headline = _HEADLINES[status]
     if status == "VIOLATION" and claim_errors:  # the claim check (audit.bounds.claim_check), not a bound
         summary = f"The privacy claim is not supported by the run's own record: {claim_errors[0].message}."
     elif status == "VIOLATION":
         lead = f"{conf_s.strip()}, " if conf_s else ""
         summary = (f"The audit shows this model leaks more than its privacy claim allows: {lead}ε is at least "
                    f"{fmt.eps(lb)}, above the claimed ε = {fmt.eps(claimed)}.")
-    elif status == "CONSISTENT":
+    elif status == "CONSISTENT" and eps.inconclusive_above is not None:
+        headline = "Inconclusive: no violation found, and none could have been"
+        found = (f" The strongest bound found is ε ≥ {fmt.eps(lb)}{conf_s}." if lb is not None
+                 else " No ε lower bound was estimated.")
+        summary = (f"This audit could not have detected a violation of this claim: the largest ε lower bound its "
+                   f"estimators could reach with these counts (their ceiling, {fmt.eps(eps.inconclusive_above)}) "
+                   f"is below the claimed ε = {fmt.eps(claimed)}.{found} It neither supports nor refutes the "
+                   f"claim; more canaries or audited examples raise the ceiling.")
+    elif status == "CONSISTENT" and lb is not None:
         summary = (f"The strongest audit proves ε ≥ {fmt.eps(lb)}{conf_s}, within the claimed "
-                   f"ε = {fmt.eps(claimed)}. This supports the claim but cannot prove it.")
+                   f"ε = {fmt.eps(claimed)}: the claim survived these attacks, which is evidence for it, not a "
+                   f"proof.")
+    elif status == "CONSISTENT":
+        summary = (f"No ε lower bound was estimated, so nothing contradicts the claimed ε = {fmt.eps(claimed)}; "
+                   f"this is not evidence for it.")
     elif status == "NO_CLAIM":
         summary = "This model makes no differential-privacy claim, so there is no guarantee to check."
         if lb is not None:
@@ -349,10 +422,9 @@ def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) 
     else:
         summary = (f"The claim ε = {fmt.eps(claimed)} has not been audited yet: run "
                    f"'{eps.command}' to estimate an ε lower bound.")
-    if tpr is not None and best is not None:
-        summary += (f" The strongest attack ({best.title}) recognises {fmt.pct(tpr)} of training images while "
-                    f"wrongly flagging only {fmt.fpr_label(glance_fpr)} of other images.")
-    return Glance(status=status, headline=_HEADLINES[status], summary=summary,
+    if tpr is not None and best is not None and not isinstance(tpr, str):
+        summary += " " + attack_sentence(best.title, float(tpr), glance_fpr)
+    return Glance(status=status, headline=headline, summary=summary,
                   claimed_epsilon=claimed if math.isfinite(claimed) else None, best_epsilon_lb=lb,
                   best_method=eps.best_method, confidence=conf, strongest_attack=best.name if best else None,
                   strongest_tpr=tpr, strongest_tpr_ci=tpr_ci, glance_fpr=glance_fpr,
