@@ -14,15 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import statistics
 
 from experiments.findings.arms import bu_arm_rows, ganesh_rows, ke_rows, trace_arm_rows
 from experiments.findings.continual import continual_rows
 from experiments.findings.finetune import finetune_table_rows
 from experiments.findings.law import vit_rows
 from experiments.findings.rows import arm_result
-from experiments.findings.text import IN_WORDS, LEFT_OUT, SCALE_NOTE
+from experiments.findings.text import sections
 from experiments.papers.runs import OUT, ROOT
 
 
@@ -43,6 +41,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments findi
     from training.accounting.sigma_cache import SIGMA_CACHE_ENV
 
     os.environ.setdefault(SIGMA_CACHE_ENV, str(ROOT / "results/sigma-cache"))
+    scale_note, in_words, closing = sections()
     rows: list[str] = []
     settings: dict[str, dict] = {}
     for fn in SECTIONS:
@@ -64,9 +63,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments findi
         "the `cpu_hour` configs' runs in "
         "`cpu_hour_runs.tgz` beside it (`python -m experiments gpu unpack FILE` puts them back), the arms' in "
         "`results/reference/seed_arms/<scale>/`.", "",
-        *SCALE_NOTE, "",
+        *scale_note, "",
         "| paper | claim | scale | our measurement (mean ± SD over seeds) | test (correction) | verdict | command |",
-        "|---|---|---|---|---|---|---|", *rows, "", *IN_WORDS, *LEFT_OUT, "", "## Scale settings", "",
+        "|---|---|---|---|---|---|---|", *rows, "", *in_words, *closing, "", "## Scale settings", "",
         *[f"* `{sc}`: `{json.dumps(v)}`" for sc, v in settings.items()], ""])
     write_text(OUT / "seed_findings.md", text)
     print(text)

@@ -95,10 +95,12 @@ def decelerator_rule_verdict(g: dict, acc: dict[str, list[float]], sweep: list[t
     return measured, test, v
 
 
-def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]], best: int, cmd: str) -> list[str]:
+def offline_decelerator(scale: str, g: dict, nondp: list[dict[int, float]]
+                        ) -> tuple[list[tuple[int, float, float, float]], int | None, object] | None:
     """Where the decelerator rule would have switched, read off the non-DP run's held-out tr(H) (mean over seeds)
-    with the σ each switch step would leave (PLD, the sweep's ε, δ and q): a stand-in when no run used the rule.
-    Descriptive: the rule itself measures tr(H) on public images every ``eval_every`` steps, not on this grid."""
+    with the σ each switch step would leave (PLD, the sweep's ε, δ and q): ((step, σ, tr(H), decelerator) per grid
+    step, the step the rule fires at or None, the continual config), or None without a grid point. Descriptive: the
+    rule itself measures tr(H) on public images every ``eval_every`` steps, not on this grid."""
     from experiments.papers.runs import SCALES as RUN_SCALES, scale_config
     from training.accounting import noise_multiplier_for
     import dataclasses
@@ -112,7 +114,7 @@ def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]],
     steps = sorted(set.intersection(*(set(c) for c in nondp)))
     grid = [st for st in steps if 0 < st <= cc.max_public_steps] or [st for st in steps if 0 < st < tc.steps][:1]
     if not grid:
-        return []
+        return None
     vals = []
     for st in grid:
         sigma = noise_multiplier_for(target_epsilon=cfg.privacy.target_epsilon, sample_rate=q, steps=tc.steps - st,
@@ -124,6 +126,16 @@ def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]],
     evals = [Evaluation(step=st, value=d) for st, _, _, d in vals]
     fired = next((st for i, (st, *_) in enumerate(vals) if rule.decide(step=st, evaluations=evals[:i + 1])
                   == "decelerator"), None)
+    return vals, fired, cc
+
+
+def _offline_decelerator_row(scale: str, g: dict, nondp: list[dict[int, float]], best: int, cmd: str) -> list[str]:
+    """:func:`offline_decelerator` as a findings row (descriptive, so inconclusive)."""
+    got = offline_decelerator(scale, g, nondp)
+    if got is None:
+        return []
+    vals, fired, cc = got
+    grid = [st for st, *_ in vals]
     where = (f"below the threshold {cc.decelerator_threshold:g} by step {fired} at the latest" if fired is not None
              else f"above the threshold {cc.decelerator_threshold:g} at every measured step up to the cap "
                   f"({cc.max_public_steps})")
@@ -139,9 +151,10 @@ def _seeds(g: dict, key: str) -> list[int]:
     return [seed for seed, _, _ in g[key]]
 
 
-def _paired_holm(by_point: dict[int, dict[int, float]], base: int) -> str:
+def paired_holm(by_point: dict[int, dict[int, float]], base: int) -> list[tuple[int, float, float, list[float]]]:
     """A secondary, descriptive analysis: paired t-tests over the seeds two points share (a seed fixes the
-    initialisation in every arm), Holm over the points; the verdict stays with the pre-set Welch test."""
+    initialisation in every arm), Holm over the points; the verdict stays with the pre-set Welch test. (point, mean
+    paired difference, Holm-adjusted p, the per-seed differences) per point other than ``base``."""
     from scipy import stats
 
     res = []
@@ -150,9 +163,15 @@ def _paired_holm(by_point: dict[int, dict[int, float]], base: int) -> str:
         if k != base and len(common) >= 3:
             d = [accs[s] - by_point[base][s] for s in common]
             res.append((k, statistics.mean(d), float(stats.ttest_rel([accs[s] for s in common],
-                                                                     [by_point[base][s] for s in common]).pvalue)))
+                                                                     [by_point[base][s] for s in common]).pvalue), d))
+    adj = holm([p for _, _, p, _ in res]) if res else []
+    return [(k, m, p, d) for (k, m, _, d), p in zip(res, adj)]
+
+
+def _paired_holm(by_point: dict[int, dict[int, float]], base: int) -> str:
+    """:func:`paired_holm` as the text a sweep row appends (empty without a pair)."""
+    res = paired_holm(by_point, base)
     if not res:
         return ""
-    adj = holm([p for _, _, p in res])
     return ("; secondary (paired by seed, descriptive): " + ", ".join(
-        f"{k}: {100 * d:+.1f} points, Holm {fmt_p(p)}" for (k, d, _), p in zip(res, adj)))
+        f"{k}: {100 * d:+.1f} points, Holm {fmt_p(p)}" for k, d, p, _ in res))

@@ -1,237 +1,174 @@
 """The prose of ``results/reference/seed_findings.md`` around its table: the scales, and what the rows say in words.
 
-Kept apart from :mod:`experiments.findings` (which computes every number in the table) because it is written by hand after
-reading a run's table: when the numbers change, re-read the table and update these paragraphs.
+Every measured figure in it (accuracies, tr(H), p-values, σ, AUCs, barriers, R², part counts and times) is read
+from the result files by :func:`facts`, so re-made results re-make the sentences; what stays typed here is the
+method (sizes, steps, grids a scale was set to run) and how the leases went (command lengths, GPU busy time), which
+``results/reference/seed_gpu/LEASES.md`` records as they ran.
 """
 
-SCALE_NOTE = [
-    "**Scales.** Each row names the scale it was measured at; a group of claims uses the largest scale that has "
-    "results.",
-    "",
-    "* `gpu_full`: one lent NVIDIA H200, 15 minutes of device time (one 500 s command, then a 143 s one that "
-    "resumed the queue). All of CIFAR-10 carried as JPEG (`experiments gpu prepare --jpeg`, decoded there). The "
-    "continual-pretraining config at issue 16's sizes: ResNet-20, 20,000 private images, 1,000 steps of batch 256 "
-    "with random crops and flips in every phase, 10,000 test images, 5 seeds; the switch-point sweep {0, 50, 100, "
-    "200, 400} public steps (5,000 public images drawn apart from the private pool, 2,780 left after dropping "
-    "copies of private ones), σ by PLD for the DP steps left so every arm has ε = 8 (δ = 1e-6), and the non-DP "
-    "baseline with tr(H) every 250 steps. **The non-DP baseline is a real model: 64.3 ± 2.7 % over 5 seeds, every "
-    "seed above 60 %** (60.1-67.2 %). 30 runs, 99 minutes of training, 6-12 at a time with the GPU busy 98-100 % "
-    "(`seed_gpu/gpu_full/`). The continual arm (σ = 0, plateau rule, membership inference) ran at the same sizes "
-    "on a later H200 lease: 25 jobs (5 seeds × non-DP, clipping-only, DP from scratch, continual with 200 public "
-    "steps, plateau rule), 12 at a time, in a 465 s command and a 163 s one, the GPU busy 88 % "
-    "(`seed_gpu/gpu_full_continual/`). Its runs train on a random half of the 20,000 private images (10,000 "
-    "members, the other half the attack's non-members), σ = 0.815 for 1,000 DP steps at ε = 8, δ = 1e-5 (PLD). "
-    "The config's 5 decelerator-rule runs (`continual-dec`) did not fit a lease and ran on this 2-core CPU "
-    "instead, through the same job queue: the same config, data and seeds, one thread per run, 31-46 minutes each. "
-    "The fine-tuning config (Ke et al.'s budget split) at `gpu_full` ran on this CPU too: its source is ResNet-20 "
-    "trained without DP on all 45,000 CIFAR-10 training images (crops and flips, 3,000 steps of batch 256, 77.2 % "
-    "on the 10,000 test images), and its 50 DP fine-tunings (LP, FFT, LP-FFT at 25/50/75 % of ε; ε = 1 and 8; 5 "
-    "seeds) take 1,000 steps of batch 125 on the Food-101 slice (3,000 training and 600 test images, 32×32), "
-    "per-example gradients by bk, two runs at a time, 90-575 s each.",
-    "* `gpu`: one lent NVIDIA H100 80GB, for the 30 minutes of device time a session gets (three commands). The "
-    "continual-pretraining config's switch-point sweep {0, 50, 100, 200, 400} public steps of 1,000 at batch 256 "
-    "(ResNet-20, 8,000 private CIFAR-10 images, 2,000 disjoint public ones, 2,000 test images), 5 seeds, σ by PLD "
-    "for the DP steps left so every arm has ε = 8 (δ = 1e-5), plus 2 seeds of non-DP training with tr(H). "
-    "Non-DP ResNet-20 on these 8,000 images without augmentation reaches only 43 % (96 % train accuracy: it "
-    "overfits), because the machine's 64 MiB upload held 13,000 CIFAR-10 images; `gpu_full` above is the re-run "
-    "on all of them. Throughput (`seed_gpu/h100_profile.txt`): one process alone takes 103 ms per DP step "
-    "(Opacus hooks; 73 ms with bk; non-DP 15 ms) of which only ~16 ms are GPU kernels, so the step is host-bound; "
-    "8-12 processes sharing the GPU reach ~50 DP steps/s together with the GPU busy 99-100 % of the time "
-    "(`seed_gpu/h100_utilisation.csv`). The arms (σ = 0, plateau, membership, tr(H), Ke, Ganesh) need ~120,000 DP "
-    "steps at this scale, about 40 minutes of the whole GPU: they did not fit and ran at `cpu_hour` instead.",
-    "* `cpu_hour`: the issue's fallback, the largest scale that fits about an hour of this shared 2-core CPU: 5 "
-    "seeds, 300 DP steps, the 24k-parameter CNN, σ by PLD, tr(H) with 32 probes on 256 held-out test images. Arms: "
-    "2,000 private images at batch 64 (the membership arm trains on a random half); configs: 4,000 private images "
-    "at batch 128 and the sweep {0, 15, 30, 60, 120} public steps of 300. Non-DP reaches about 33-37 %: a weak "
-    "model, so a verdict here is about this small CNN, not about the papers' settings. The fine-tuning configs "
-    "(Ke et al.'s budget split) at `cpu_hour`: the small CNN trained non-DP for 3,000 steps on 10,000 public "
-    "CIFAR-10 images (53.7 %), then 1,000 DP steps of batch 125 per strategy on the 3,750 Food-101 images, ε ∈ {1, "
-    "8} by RDP, 5 seeds (50 runs, 35 min of training).",
-    "* `gpu_full_vit_long`: the ViT arm at ViT-Tiny's width past the issue's 60 %, on one lent NVIDIA H100 80GB "
-    "(one 565 s command, `seed_gpu/gpu_full_vit_long/`) and this CPU. ViT-Tiny's width, heads and depth (192 × 3 "
-    "× 12, 5.4M parameters) on 8×8 patches (16 tokens plus the class token), pre-trained once, non-DP, for 8,000 "
-    "steps of batch 256 on 18,000 public CIFAR-10 images with crops and flips and a cosine learning rate (400 "
-    "warm-up steps; ~210 s alone on the GPU): 61.6 % on the 10,000 test images. Every seed starts from that one "
-    "model and varies the fine-tuning's batches and noise and the search. For each ε ∈ {1, 3, 8, ∞}, 300 "
-    "fine-tuning steps of batch 256 on 20,000 disjoint private images, σ by PLD (1.167 / 0.754 / 0.543, δ = "
-    "1e-5), DP steps by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search on 2,000 further "
-    "public images, so tuning costs no privacy. Per-block statistics on 1,000 held-out test images. The lease ran "
-    "the pre-training and 12 of the 20 (seed, ε) jobs (20 at once; its deadline stopped the other 8 seconds "
-    "short); the 8 ran on this CPU from the lease's weights (`experiments arms adopt`), one thread each, "
-    "about 26 minutes a job, two at a time (1,529-1,594 s). The JSON's `mixed_machines` says which part ran "
-    "where.",
-    "* `cpu_vit_long` (its rows left the table for `gpu_full_vit_long`'s, the wider ViT; its pre-trained model is "
-    "still `cpu_vit_ke`'s source): the ViT arm on this 2-core CPU with a pre-trained model past the issue's 60 %. "
-    "The 12-block "
-    "ViT of width 64 (4 heads, 8×8 patches: 16 tokens plus the class token, 614k parameters) is pre-trained once, "
-    "non-DP, for 16,000 steps of batch 128 on 22,500 public CIFAR-10 images with crops and flips and a cosine "
-    "learning rate (400 warm-up steps; 38 minutes on one core): 60.9 % on the arm's 1,000 test images, 63.9 % on "
-    "all 10,000 (`python -m experiments arms pretrained --scale cpu_vit_long` scores the jobs' cached model on "
-    "the whole test split). Every seed starts from that one model "
-    "and varies the fine-tuning's batches and noise and the search. For each ε ∈ {1, 3, 8, ∞}, 300 fine-tuning "
-    "steps of batch 128 on 5,000 disjoint private images, σ by PLD (1.888 / 0.976 / 0.658, δ = 1e-5), DP steps "
-    "by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search on 2,500 further public images "
-    "(half to train, half to score), so tuning costs no privacy. Per-block statistics on 1,000 held-out test "
-    "images. 20 (seed, ε) jobs of about 2.5 minutes each on one core (`experiments gpu run --scale gpu_full --arms vit "
-    "--no-runs --arm-scale vit=cpu_vit_long`, which shares the pre-training between the jobs).",
-    "* `cpu_vit_ke`: Ke et al.'s arm on this 2-core CPU with a source past the issue's 60 %: `cpu_vit_long`'s "
-    "pre-trained ViT (60.9 % on the arm's 1,000 CIFAR-10 test images, 63.9 % on all 10,000; the same cached model, "
-    "not trained again), DP fine-tuned on the 10-class Food-101 slice: 2,500 private images, 500 held-out "
-    "validation images (the split selection and the kNN queries, against a bank of 1,000 private images), 1,000 "
-    "test images. Every run has 1,000 full fine-tuning steps of batch 128 at ε = 8 (δ = 1e-5, PLD; σ = 1.21 for "
-    "FFT alone), learning rate 1e-3 (AdamW) with the head's ×5 by parameter group; LP-FFT adds 500 head-only steps "
-    "before them and splits ε between the phases (25 / 50 / 75 % to LP), DP-LP alone takes 1,500 head-only steps "
-    "at the whole ε. DP steps by book-keeping. 30 (seed, run) jobs of 3-9 minutes on one core "
-    "(`experiments gpu run --scale gpu_full --arms ke --no-runs --arm-scale ke=cpu_vit_ke`).",
-    "* `gpu_full_vit` (its rows left the table for `gpu_full_vit_long`'s, whose pre-trained model is past 60 %; its "
-    "JSON stays in `seed_arms/`): the ViT arm on one lent NVIDIA H200, in one 444 s command (20 (seed, ε) jobs "
-    "at once, the "
-    "GPU busy 91 % on average; `seed_gpu/gpu_full_vit/`). ViT-Tiny's width, heads and depth (192 × 3 × 12, 5.4M "
-    "parameters) on 8×8 patches (16 tokens plus the class token), pre-trained non-DP for 2,000 steps of batch 256 "
-    "on 18,000 public CIFAR-10 images with crops and flips (44.8 ± 2.1 % on the 10,000 test images). Then, for each"
-    " ε ∈ {1, 3, 8, ∞}, 300 fine-tuning steps of batch 256 on 20,000 disjoint private images, σ by PLD (1.167 / "
-    "0.754 / 0.543, δ = 1e-5), DP steps by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search "
-    "on 2,000 further public images, so tuning costs no privacy. Per-block statistics on 1,000 held-out test "
-    "images.",
-    "* `cpu_hour_vit` (superseded: its rows left the table, its JSON stays in `seed_arms/`): "
-    "the ViT arm on this CPU, 5 seeds, about 21 minutes per seed on one core. The model is a "
-    "12-block ViT of width 64 (4 heads) on 8×8 patches (16 tokens plus the class token), 614k parameters. It is "
-    "pre-trained non-DP for 2,000 steps of batch 128 on 18,000 public CIFAR-10 images (46.4 ± 1.6 % test "
-    "accuracy). Then, for each ε ∈ {1, 3, 8, ∞}, it is fine-tuned 300 steps on 5,000 disjoint private images, σ by "
-    "PLD (1.888 / 0.976 / 0.658). Tuned runs use a 3-trial learning-rate search of 50 steps each on 2,000 further "
-    "public images, so tuning costs no privacy. The per-block statistics use 1,000 held-out test images.",
-    "* `cpu`: the 60-100-step scale of the previous table (2-3 seeds, RDP); only rows no larger scale measured.",
-    "",
-    "A verdict is 'reproduced' or 'not reproduced' only when its pre-set test (Welch's t, corrected where several "
-    "comparisons or a best-of choice were made) rejects at 0.05; 'inconclusive' otherwise.",
-]
+from __future__ import annotations
 
-IN_WORDS = [
-    "## In words", "",
-    "* **Switch point at full size (`gpu_full`, 5 seeds, non-DP 64.3 %).** At equal ε and equal total steps, more "
-    "public steps before DP help all the way to the grid's end: 41.7 % with none, 40.6 / 43.8 / 48.3 / 53.7 % after"
-    " 50 / 100 / 200 / 400 public steps (400 vs 0: Welch, Holm over 4, p < 0.001; +12.0 points on every seed). 50 "
-    "steps sit 1.1 points *below* none (paired by seed, Holm p = 0.022, descriptive). The public images here are "
-    "in-distribution CIFAR-10, so a public step is nearly a non-DP step, and the issue's grid stops before the "
-    "curve turns: the best switch point is at or beyond 400 of 1,000. The non-DP run's tr(H) on 256 held-out images "
-    "rises from its (negative, indefinite) value at initialisation to its highest point at step 500 (690 ± 102) "
-    "and is 588 ± 35 at step 1,000. That fall is within the noise once the test allows for the peak being picked "
-    "among the grid's three interior points (one-sided Welch, Bonferroni × 3); the uncorrected two-standard-error "
-    "rule this table used before called it a fall, and it calls one on ~21 % of flat, noisy 16-point curves "
-    "(`tests/test_seed_findings.py`).",
-    "* **The decelerator rule at full size (`gpu_full`, 5 seeds): not reproduced.** The rule switches to DP once "
-    "σ²·tr(H)/(B·c²) falls below 1, with tr(H) estimated every 50 public steps on 256 public images (32 probes) "
-    "and the σ the remaining steps would get. It fired at its first check on every seed: after 50 public steps, "
-    "at a decelerator of 0.54 ± 0.11 (tr(H) 320 ± 63). Those runs reach 40.2 ± 0.8 %, as the sweep's 50-step "
-    "point does (40.6 ± 0.7 %), below DP from scratch (41.7 ± 0.6 %, Welch p = 0.011) and 13.5 points below the "
-    "sweep's best, 400 public steps (53.7 %; Welch, Bonferroni × 5 for picking the best, p < 0.001). The rule "
-    "reads the decelerator as if it started high and fell (the paper's picture: DP noise hurts most early, where "
-    "tr(H) is large). Here tr(H) starts negative and is still small and rising at step 50, so a level threshold "
-    "fires at once, at the sweep's worst point. The non-DP run's curvature is highest only at step 500, and the "
-    "sweep still gains at 400: a rule that waited for the peak would not be contradicted by these runs, but that "
-    "is not the rule the paper states, and we did not run it. Under DP the held-out tr(H) keeps rising (740 ± 220 "
-    "at step 1,000 against 588 ± 35 non-DP), so the decelerator grows from 0.85 to 1.25 over the DP phase. At "
-    "`cpu_hour` the same rule never fired (below); at `gpu` (2 seeds, read off the non-DP run's tr(H), no run) "
-    "it would have switched at its cap of 400 while the best was at 100.",
-    "* **Switch point (`gpu`, 8,000 images, 5 seeds).** At equal ε and equal total steps, 100 public steps before "
-    "DP give the best mean (41.5 % vs 38.3 % with none), and the curve falls again at 200-400 (39.1 %, 38.4 %): "
-    "public steps help up to a point, then eat the DP budget's steps. With the pre-set Welch test and Holm over the"
-    " four switch points this is not significant (p = 0.070); paired by seed (one initialisation per seed in every "
-    "arm) the +3.3 points at 100 steps are consistent on all five seeds (Holm p = 0.009), which we report as "
-    "descriptive only.",
-    "* **Continual pre-training (`cpu_hour`, 5 seeds, the configs).** At equal ε and total steps, 60 public steps "
-    "then 240 DP steps beat 300 DP steps from scratch (28.1 % vs 23.4 %, Holm p < 0.001), and the small CNN's sweep "
-    "rises to its largest point (120 of 300 public steps: 32.7 %, Holm p = 0.003); the GPU sweep's hump (best at "
-    "100 of 1,000, falling after) is what a model that learns from its DP steps shows, the small CNN is not there.",
-    "* **Noise, the plateau rule and membership at full size (`gpu_full`, the continual arm, 5 seeds).** Noise, "
-    "not clipping, carries most of the DP loss: clipping alone (σ = 0) costs 4.1 points against non-DP (59.9 ± 1.4 "
-    "% vs 64.1 ± 1.1 %, 95 % CI [2.3, 5.9]), the noise a further 19.8 (DP from scratch 40.1 ± 0.8 %, p < 0.001). "
-    "The arm's continual run (200 public steps, then 800 DP steps) reaches 48.1 ± 0.6 % and the plateau rule's run "
-    "54.3 ± 1.1 %: the configs' sweep at 200 and 400 public steps gave 48.3 % and 53.7 % through a separate code "
-    "path. The plateau rule never fired: the public validation loss still fell at its cap of 400 steps, so its row"
-    " is inconclusive, as at `cpu_hour`. The LOSS attack's AUC is 0.502-0.504 on every DP checkpoint against 0.534 "
-    "± 0.005 for non-DP (p < 0.001), and its TPR at 1 % FPR is 1.0 %, chance. The clipping-only model leaks as "
-    "much as the non-DP one (AUC 0.533, TPR 1.2 %): clipping without noise buys no membership privacy. The same "
-    "three rows at `cpu_hour` (small CNN) agreed: clip-only 28.0 % vs DP 20.7 %, AUC 0.501 vs 0.546.",
-    "* **Ganesh et al. at full size (`gpu_full`, ResNet-20, 5 seeds; public steps on 5,000 CIFAR-10 images, then "
-    "1,000 DP steps of batch 256 on 20,000 others at ε = 8, σ = 0.629; 10,000 test images): both claims "
-    "reproduced.** DP accuracy after 0, 10, 30, 100 and 300 public steps is 41.6 ± 0.8, 40.8 ± 0.4, 41.5 ± 0.3, "
-    "45.1 ± 0.4 and 52.6 ± 0.5 %: flat up to 30 public steps (10-30 buy nothing over none), then +3.5 points at 100 "
-    "and +11.0 at 300 (p < 0.001). Between two DP runs from one public init (300 steps) the private training loss "
-    "rises by 0.096 ± 0.011 along the straight line, ~7 % of the end points' 1.39-1.46; between two from random "
-    "inits by 1.21 ± 0.49 (0.78-1.96), ~73 % of their 1.62-1.71 (p = 0.007). So the runs from one public init are "
-    "not barrier-free here (at `cpu_hour`, the small CNN, they were: 0.00 vs 0.28), but they sit in one basin next "
-    "to what random inits give. 25 parts, 17 on this CPU (bk, one thread, 976-3,560 s each, two or three side by "
-    "side) and 8 on an H100 lease (the JSON's `mixed_machines`); 10.6 hours of training in all.",
-    "* **tr(H) at full size (`gpu_full`, ResNet-20, 5 seeds; 256 held-out test images, 32 probes, every 100 of "
-    "1,500 steps; σ = 0.668 at ε = 8).** Non-DP pre-training (68.0-71.2 % at the end) reaches its level by step 100 "
-    "(532, from about −6,400 at initialisation) and stays near 600 (highest 636 at step 800, 591 at step 1,500): "
-    "no fall that survives the peak-picking correction. DP pre-training (43.0-44.5 %) keeps rising, from 393 at "
-    "step 100 to 1,045 ± 319 at step 1,500, so neither pre-training curve peaks and falls here: inconclusive. DP "
-    "fine-tuning from each seed's 3,000-step non-DP public model (66.7-68.2 % at the end) starts at that model's "
-    "1,140 and falls to 777 ± 108. Over the run its mean is not smaller than DP pre-training's (1,010 ± 98 vs 885 "
-    "± 170, Welch p = 0.20: inconclusive); at the last step it is (777 vs 1,045, descriptive only): fine-tuning "
-    "starts sharp and flattens, pre-training starts flat and sharpens, and the pre-set mean over the run averages "
-    "the two trends away. DP steps by bk, except seed 0's pre-training (Opacus hooks; the same clipped sums).",
-    "* **Against the paper at `cpu_hour`:** tr(H) on held-out images is *larger* in DP fine-tuning from a public "
-    "model than in "
-    "DP pre-training from scratch (1,381 vs 580 over the run, p < 0.001). Bu et al.'s argument compares trained "
-    "states; our fine-tuning starts from a model 400 non-DP steps into training, which sits in a sharper region "
-    "than a random initialisation, and the small CNN is far from their models.",
-    "* **Not exercised:** neither switch rule fired at `cpu_hour`. The decelerator σ²·tr(H)/(B·c²) stayed above "
-    "its threshold and the public validation loss kept improving, so both arms switched at their cap (120 public "
-    "steps): their rows say only that more public steps helped, and whether the rule picks the sweep's best point "
-    "is untested. At `gpu_full` the plateau rule again ran to its cap (400 public steps); the decelerator rule "
-    "fired, too early (above).",
-    "* **Representation law (`gpu_full_vit_long`: ViT-Tiny's width, 12 blocks, one model pre-trained to 61.6 %, "
-    "5 seeds).** DP fine-tuning on the 20,000 private images lifts it by about 2 points at every ε (untuned: "
-    "63.4 ± 0.2 % at ε = 1, 63.7 % at 3, 64.0 % at 8, 63.3 ± 0.7 % non-DP): from this start the noise costs "
-    "nothing we can measure. Neither per-block law clears the pre-set bar (the 95 % interval of the mean R² "
-    "against 0.9). The prediction residual falls fast over the first three blocks and slowly after (ε = 1: 0.69, "
-    "0.63, 0.59, then 0.58 to 0.52 over blocks 4-12; ρ ≈ 0.979): R² 0.85-0.88, below the bar at ε = 1, 8 and ∞ "
-    "and within reach of it only at ε = 3, so the all-ε row is inconclusive and leans against a geometric decay. "
-    "The pre-trained model has the same two-speed profile before any fine-tuning (0.684, 0.629, 0.594, ..., "
-    "0.518). Fuzziness D decays at ρ ≈ 0.83 with R² 0.88-0.90: inconclusive at every ε; its last block turns up "
-    "again in the pre-trained model (39.8 to 46.3) and under DP (38.3 to 39.7 at ε = 1), not after non-DP "
-    "fine-tuning. Privacy does not measurably slow the separation (ρ of D 0.829 at ε = 1 vs 0.844 non-DP, the "
-    "other direction, p = 0.16), and the public learning-rate search makes neither the law hold better (Holm p = "
-    "1.0) nor the model better (ε = 1: 62.6 ± 0.8 % tuned vs 63.4 ± 0.2 % untuned; Holm p ≥ 0.38). The narrower "
-    "ViT on this CPU (`cpu_vit_long`, width 64, pre-trained to 63.9 %) agreed on D (R² 0.87-0.90), on privacy and "
-    "on tuning, but there the residual law held (R² 0.94-0.97 at every ε, ρ ≈ 0.981: reproduced). At about the "
-    "same accuracy the two widths disagree on the residual, so we call that claim inconclusive, not reproduced. "
-    "ViT-Tiny's width pre-trained only to 44.8 % (`gpu_full_vit`) showed the residual barely falling (ρ ≈ 0.993, "
-    "R² ≈ 0.8). The DP noise is there (a check on this CPU, the 192-wide ViT on 512 images: 20 DP steps at σ = "
-    "1.167 move the weights as far as 20 clipping-only steps, AdamW normalising the step, but in an orthogonal "
-    "direction, cosine 0.001; `tests/test_seed_arm_vit.py` keeps that invariant); the pre-trained model absorbs "
-    "it.",
-    "* **Ke et al.'s budget split at full size (`gpu_full`: a 77.2 % ResNet-20 source, 1,000 DP steps on the "
-    "Food-101 slice, 5 seeds).** LP-FFT beats DP-LP at ε = 8 by 12-13 points (34.7-35.5 % vs 22.4 %, Holm p < "
-    "0.001): with a real source the backbone gains from DP updates. At ε = 1 LP-FFT leads LP by 3.2-4.5 points (Holm p "
-    "= 0.051) and FFT by 1.4-2.7 points: inconclusive. LP first does not measurably help against FFT at either ε "
-    "(ε = 8: +0.9-1.7 points, Holm p = 0.78). FFT moves the backbone as far at ε = 1 as at ε = 8 (0.52): "
-    "DP-AdamW normalises each update. At `cpu_hour` (the small CNN, a 33-37 % source) the picture was the other "
-    "way round: LP-FFT beat FFT (ε = 1: Holm p = 0.003) but not LP, which was better at ε = 1. So which baseline "
-    "LP-FFT beats depends on the source: against LP once the source is good, against FFT when it is weak.",
-    "* **Ke et al.'s arm on a source past 60 % (`cpu_vit_ke`, 5 seeds).** From `cpu_vit_long`'s pre-trained ViT "
-    "(63.9 % on CIFAR-10) to the 10-class Food-101 slice at ε = 8: LP-FFT with its split chosen on held-out "
-    "validation images beats DP linear probing alone (43.1 ± 1.4 % vs 40.3 ± 1.1 %, p = 0.009), so the backbone "
-    "gains from DP updates here, which the small CNN's table did not show. But LP first buys nothing over full "
-    "fine-tuning from a random head (42.9 ± 0.6 %), nor does an LP-aligned head at equal backbone steps (42.9 ± "
-    "1.2 %; a zero head 43.5 ± 0.8 %), and the features do not tell the heads apart either: every arm lifts the "
-    "backbone's kNN quality from 29.8 % to 35-37 % (LP-aligned 35.3 ± 2.4 %, random 36.0 ± 1.3 %). The validation "
-    "picked the smallest LP share (25 % of ε) on every seed, and the LP-aligned arm's FFT phase runs on half of "
-    "ε, so at equal total ε the extra noise in its backbone steps may cost what the aligned head saves (we did "
-    "not separate the two). The claim stays inconclusive here, not refuted. At `cpu_hour` (the small CNN) the same "
-    "arm was within the noise too (LP-aligned 27.5 % vs random 26.2 %).",
-    "",
-]
+from experiments.findings import facts_arms, facts_runs, facts_scales, facts_tables
+from experiments.findings.prose import _PROSE, paragraphs
+from experiments.findings.prose_law import CLOSING, PROSE
 
-LEFT_OUT = [
-    "**Against the issue.** Every group of claims has now run at a scale whose non-DP baseline is past 60 %: the "
-    "`gpu_full` continual config (64.3 %), the continual arm (64.1 %), the tr(H) arm (68.0-71.2 %), Ganesh et al. "
-    "(all 25 parts), Ke et al.'s budget-split table (a 77.2 % source, all 50 runs on this CPU), the Ke et al. arm "
-    "(`cpu_vit_ke`, the 63.9 % ViT) and the 12-block ViT at ViT-Tiny's width (`gpu_full_vit_long`, 61.6 %). "
-    "Inconclusive rows stay inconclusive: the tests did not separate the arms. The geometric law on the 3-block "
-    "CNN (`transfer.md`) is inconclusive as well: 3 points per fit leave 1 residual degree of freedom. "
-    "`results/reference/seed_gpu/LEASES.md` has every lease as it ran and what each arm cost.",
-]
+
+def facts() -> dict:
+    """Every figure the prose quotes, computed from the result files (a group whose files are absent is left out)."""
+    f: dict = {}
+    for group in (facts_runs.switch_gpu_full, facts_runs.switch_gpu, facts_runs.continual_cpu_hour,
+                  facts_runs.gpu_full_scale, facts_arms.continual_arm, facts_arms.ganesh, facts_arms.trace,
+                  facts_arms.vit, facts_arms.ke, facts_tables.budget_split, facts_tables.h100_profile,
+                  facts_scales.vit_scales, facts_scales.gpu_scale):
+        f.update(group())
+    arm_cfg = [f.pop(k) for k in ("cas_nondp_mean", "ch_nondp_mean") if k in f]
+    if arm_cfg:  # cpu_hour's non-DP baselines: the arms' and the configs' means
+        f["ch_nondp_means"] = f"{100 * min(arm_cfg):.0f}-{100 * max(arm_cfg):.0f}"
+    means = f.pop("gf_sweep_means", {})
+    if "ca_switch" in f and means:  # the configs' sweep at the arm's switch and at its plateau cap
+        f["gf_at_arm_switch"] = means.get(int(f["ca_switch"]), "?")
+        f["gf_at_arm_cap"] = means.get(int(f["ca_plateau_cap"]), "?")
+    return f
+
+
+def _gpu_full(f: dict) -> str:
+    return (
+        "* `gpu_full`: one lent NVIDIA H200, 15 minutes of device time (one 500 s command, then a 143 s one that "
+        "resumed the queue). All of CIFAR-10 carried as JPEG (`experiments gpu prepare --jpeg`, decoded there). The "
+        "continual-pretraining config at issue 16's sizes: ResNet-20, 20,000 private images, 1,000 steps of batch 256 "
+        "with random crops and flips in every phase, 10,000 test images, 5 seeds; the switch-point sweep {0, 50, 100, "
+        "200, 400} public steps (5,000 public images drawn apart from the private pool, "
+        f"{f['gfs_public_left']} left after dropping copies of private ones), σ by PLD for the DP steps left so every "
+        "arm has ε = 8 (δ = 1e-6), and the non-DP baseline with tr(H) every 250 steps. **The non-DP baseline is a real "
+        f"model: {f['gfs_nondp']} % over 5 seeds, {f['gfs_all_above']}** ({f['gfs_nondp_span']} %). "
+        f"{f['gfs_runs']} runs, {f['gfs_minutes']} minutes of training, 6-12 at a time with the GPU busy 98-100 % "
+        "(`seed_gpu/gpu_full/`). The continual arm (σ = 0, plateau rule, membership inference) ran at the same sizes "
+        "on a later H200 lease: 25 jobs (5 seeds × non-DP, clipping-only, DP from scratch, continual with 200 public "
+        "steps, plateau rule), 12 at a time, in a 465 s command and a 163 s one, the GPU busy 88 % "
+        "(`seed_gpu/gpu_full_continual/`). Its runs train on a random half of the 20,000 private images "
+        f"({f['ca_members']} members, the other half the attack's non-members), σ = {f['ca_sigma']} for 1,000 DP "
+        "steps at ε = 8, δ = 1e-5 (PLD). The config's 5 decelerator-rule runs (`continual-dec`) did not fit a lease "
+        "and ran on this 2-core CPU instead, through the same job queue: the same config, data and seeds, one thread "
+        f"per run, {f['gfs_dec_minutes']} minutes each. The fine-tuning config (Ke et al.'s budget split) at "
+        "`gpu_full` ran on this CPU too: its source is ResNet-20 trained without DP on all 45,000 CIFAR-10 training "
+        f"images (crops and flips, 3,000 steps of batch 256, {f['bs_source']} % on the 10,000 test images), and its "
+        f"{f['bs_runs']} DP fine-tunings (LP, FFT, LP-FFT at 25/50/75 % of ε; ε = 1 and 8; 5 seeds) take 1,000 steps "
+        "of batch 125 on the Food-101 slice (3,000 training and 600 test images, 32×32), per-example gradients by "
+        "bk, two runs at a time, 90-575 s each.")
+
+
+def _gpu(f: dict) -> str:
+    return (
+        "* `gpu`: one lent NVIDIA H100 80GB, for the 30 minutes of device time a session gets (three commands). The "
+        "continual-pretraining config's switch-point sweep {0, 50, 100, 200, 400} public steps of 1,000 at batch 256 "
+        "(ResNet-20, 8,000 private CIFAR-10 images, 2,000 disjoint public ones, 2,000 test images), 5 seeds, σ by PLD "
+        "for the DP steps left so every arm has ε = 8 (δ = 1e-5), plus 2 seeds of non-DP training with tr(H). "
+        f"Non-DP ResNet-20 on these 8,000 images without augmentation reaches only {f['gs_nondp']} % "
+        f"({f['gs_nondp_train']} % train accuracy: it overfits), because the machine's 64 MiB upload held 13,000 "
+        "CIFAR-10 images; `gpu_full` above is the re-run on all of them. Throughput (`seed_gpu/h100_profile.txt`): "
+        f"one process alone takes {f['prof_hooks']} ms per DP step (Opacus hooks; {f['prof_bk']} ms with bk; non-DP "
+        f"{f['prof_nondp']} ms) of which only ~16 ms are GPU kernels, so the step is host-bound; 8-12 processes "
+        "sharing the GPU reach ~50 DP steps/s together with the GPU busy 99-100 % of the time "
+        "(`seed_gpu/h100_utilisation.csv`). The arms (σ = 0, plateau, membership, tr(H), Ke, Ganesh) need ~120,000 DP "
+        "steps at this scale, about 40 minutes of the whole GPU: they did not fit and ran at `cpu_hour` instead.")
+
+
+def _cpu_hour(f: dict) -> str:
+    return (
+        "* `cpu_hour`: the issue's fallback, the largest scale that fits about an hour of this shared 2-core CPU: 5 "
+        "seeds, 300 DP steps, the 24k-parameter CNN, σ by PLD, tr(H) with 32 probes on 256 held-out test images. Arms: "
+        "2,000 private images at batch 64 (the membership arm trains on a random half); configs: 4,000 private images "
+        f"at batch 128 and the sweep {{0, 15, 30, 60, 120}} public steps of 300. Non-DP reaches about "
+        f"{f['ch_nondp_means']} %: a weak model, so a verdict here is about this small CNN, not about the papers' "
+        "settings. The fine-tuning configs (Ke et al.'s budget split) at `cpu_hour`: the small CNN trained non-DP for "
+        f"3,000 steps on 10,000 public CIFAR-10 images ({f['bss_source']} %), then 1,000 DP steps of batch 125 per "
+        f"strategy on the 3,750 Food-101 images, ε ∈ {{1, 8}} by RDP, 5 seeds ({f['bss_runs']} runs, "
+        f"{f['bss_minutes']} min of training).")
+
+
+def _gpu_full_vit_long(f: dict) -> str:
+    return (
+        "* `gpu_full_vit_long`: the ViT arm at ViT-Tiny's width past the issue's 60 %, on one lent NVIDIA H100 80GB "
+        "(one 565 s command, `seed_gpu/gpu_full_vit_long/`) and this CPU. ViT-Tiny's width, heads and depth (192 × 3 "
+        "× 12, 5.4M parameters) on 8×8 patches (16 tokens plus the class token), pre-trained once, non-DP, for 8,000 "
+        "steps of batch 256 on 18,000 public CIFAR-10 images with crops and flips and a cosine learning rate (400 "
+        f"warm-up steps; ~210 s alone on the GPU): {f['gvl_pre']} % on the 10,000 test images. Every seed starts from "
+        "that one model and varies the fine-tuning's batches and noise and the search. For each ε ∈ {1, 3, 8, ∞}, 300 "
+        f"fine-tuning steps of batch 256 on 20,000 disjoint private images, σ by PLD ({f['gvl_sigmas']}, δ = "
+        "1e-5), DP steps by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search on 2,000 further "
+        "public images, so tuning costs no privacy. Per-block statistics on 1,000 held-out test images. The lease ran "
+        f"the pre-training and {f['gvl_lease_jobs']} of the {f['gvl_jobs']} (seed, ε) jobs (20 at once; its deadline "
+        f"stopped the other {f['gvl_cpu_jobs']} seconds short); the {f['gvl_cpu_jobs']} ran on this CPU from the "
+        f"lease's weights (`experiments arms adopt`), one thread each, about {f['gvl_cpu_minutes']} minutes a job, two "
+        f"at a time ({f['gvl_cpu_secs']} s). The JSON's `mixed_machines` says which part ran where.")
+
+
+def _cpu_vit_long(f: dict) -> str:
+    return (
+        "* `cpu_vit_long` (its rows left the table for `gpu_full_vit_long`'s, the wider ViT; its pre-trained model is "
+        "still `cpu_vit_ke`'s source): the ViT arm on this 2-core CPU with a pre-trained model past the issue's 60 %. "
+        "The 12-block ViT of width 64 (4 heads, 8×8 patches: 16 tokens plus the class token, 614k parameters) is "
+        "pre-trained once, non-DP, for 16,000 steps of batch 128 on 22,500 public CIFAR-10 images with crops and "
+        f"flips and a cosine learning rate (400 warm-up steps; 38 minutes on one core): {f['cvl_pre']} % on the arm's "
+        f"1,000 test images, {f['cvl_whole']} % on all 10,000 (`python -m experiments arms pretrained --scale "
+        "cpu_vit_long` scores the jobs' cached model on the whole test split). Every seed starts from that one model "
+        "and varies the fine-tuning's batches and noise and the search. For each ε ∈ {1, 3, 8, ∞}, 300 fine-tuning "
+        f"steps of batch 128 on 5,000 disjoint private images, σ by PLD ({f['cvl_sigmas']}, δ = 1e-5), DP steps "
+        "by book-keeping. Tuned runs use a 3-trial × 50-step learning-rate search on 2,500 further public images "
+        "(half to train, half to score), so tuning costs no privacy. Per-block statistics on 1,000 held-out test "
+        "images. 20 (seed, ε) jobs of about 2.5 minutes each on one core (`experiments gpu run --scale gpu_full "
+        "--arms vit --no-runs --arm-scale vit=cpu_vit_long`, which shares the pre-training between the jobs).")
+
+
+def _cpu_vit_ke(f: dict) -> str:
+    return (
+        "* `cpu_vit_ke`: Ke et al.'s arm on this 2-core CPU with a source past the issue's 60 %: `cpu_vit_long`'s "
+        f"pre-trained ViT ({f['cvl_pre']} % on the arm's 1,000 CIFAR-10 test images, {f['cvl_whole']} % on all "
+        "10,000; the same cached model, not trained again), DP fine-tuned on the 10-class Food-101 slice: 2,500 "
+        "private images, 500 held-out validation images (the split selection and the kNN queries, against a bank of "
+        "1,000 private images), 1,000 test images. Every run has 1,000 full fine-tuning steps of batch 128 at ε = 8 "
+        "(δ = 1e-5, PLD; σ = 1.21 for FFT alone), learning rate 1e-3 (AdamW) with the head's ×5 by parameter group; "
+        "LP-FFT adds 500 head-only steps before them and splits ε between the phases (25 / 50 / 75 % to LP), DP-LP "
+        "alone takes 1,500 head-only steps at the whole ε. DP steps by book-keeping. 30 (seed, run) jobs of 3-9 "
+        "minutes on one core (`experiments gpu run --scale gpu_full --arms ke --no-runs --arm-scale ke=cpu_vit_ke`).")
+
+
+def _gpu_full_vit(f: dict) -> str:
+    return (
+        "* `gpu_full_vit` (its rows left the table for `gpu_full_vit_long`'s, whose pre-trained model is past 60 %; "
+        "its JSON stays in `seed_arms/`): the ViT arm on one lent NVIDIA H200, in one 444 s command (20 (seed, ε) "
+        "jobs at once, the GPU busy 91 % on average; `seed_gpu/gpu_full_vit/`). ViT-Tiny's width, heads and depth "
+        "(192 × 3 × 12, 5.4M parameters) on 8×8 patches (16 tokens plus the class token), pre-trained non-DP for 2,000 "
+        f"steps of batch 256 on 18,000 public CIFAR-10 images with crops and flips ({f['gv_pre']} % on the 10,000 "
+        "test images). Then, for each ε ∈ {1, 3, 8, ∞}, 300 fine-tuning steps of batch 256 on 20,000 disjoint "
+        f"private images, σ by PLD ({f['gv_sigmas']}, δ = 1e-5), DP steps by book-keeping. Tuned runs use a "
+        "3-trial × 50-step learning-rate search on 2,000 further public images, so tuning costs no privacy. "
+        "Per-block statistics on 1,000 held-out test images.")
+
+
+def _cpu_hour_vit(f: dict) -> str:
+    return (
+        "* `cpu_hour_vit` (superseded: its rows left the table, its JSON stays in `seed_arms/`): the ViT arm on this "
+        f"CPU, 5 seeds, about {f['chv_minutes_per_seed']} minutes per seed on one core. The model is a 12-block ViT "
+        "of width 64 (4 heads) on 8×8 patches (16 tokens plus the class token), 614k parameters. It is pre-trained "
+        f"non-DP for 2,000 steps of batch 128 on 18,000 public CIFAR-10 images ({f['chv_pre']} % test accuracy). "
+        "Then, for each ε ∈ {1, 3, 8, ∞}, it is fine-tuned 300 steps on 5,000 disjoint private images, σ by PLD "
+        f"({f['chv_sigmas']}). Tuned runs use a 3-trial learning-rate search of 50 steps each on 2,000 further "
+        "public images, so tuning costs no privacy. The per-block statistics use 1,000 held-out test images.")
+
+
+_SCALES = (_gpu_full, _gpu, _cpu_hour, _gpu_full_vit_long, _cpu_vit_long, _cpu_vit_ke, _gpu_full_vit, _cpu_hour_vit)
+
+
+def sections(f: dict | None = None) -> tuple[list[str], list[str], list[str]]:
+    """(the scale note, the words on the rows, the closing paragraph) as lines of ``seed_findings.md``."""
+    f = facts() if f is None else f
+    scale_note = [
+        "**Scales.** Each row names the scale it was measured at; a group of claims uses the largest scale that has "
+        "results.", "", *paragraphs(f, _SCALES),
+        "* `cpu`: the 60-100-step scale of the previous table (2-3 seeds, RDP); only rows no larger scale measured.",
+        "",
+        "A verdict is 'reproduced' or 'not reproduced' only when its pre-set test (Welch's t, corrected where several "
+        "comparisons or a best-of choice were made) rejects at 0.05; 'inconclusive' otherwise."]
+    in_words = ["## In words", "", *paragraphs(f, _PROSE + PROSE), ""]
+    return scale_note, in_words, paragraphs(f, CLOSING)
