@@ -30,12 +30,9 @@ from training.config import TrainConfig, dump_config
 from training.data import ImageSet, to_float_tensor
 from foundation.errors import ConfigError
 from training.evaluate import accuracy
-from foundation.io import sha256_bytes, write_json, write_text
 from training.models import build_model, count_parameters
-from foundation.files import CONFIG_FILE, METRICS_FILE
-from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest,
-                                   write_manifest)
-from training.run.write import write_membership, write_weights
+from training.run.manifest import Manifest, PhaseInfo
+from training.run.writer import privacy_record, write_run
 from training.threads import ThreadBudget, model_work, using_threads
 
 __all__ = ["Executor", "resolve_executor", "train_shadow_models", "write_batched_run"]
@@ -74,47 +71,35 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
     ``manifest.json`` is written last: its presence marks the directory complete. ``threads``: the torch threads
     the batch trained with and why (:meth:`training.threads.ThreadPlan.record`).
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
     num_classes, input_shape = len(pool.classes), (3, *pool.x.shape[1:3])
     built = build_model(cfg.model, num_classes=num_classes, input_shape=input_shape)
     module = built.module
     module.load_state_dict(state, strict=True)
-    config_text = dump_config(cfg)
-    write_text(run_dir / CONFIG_FILE, config_text)
-    weights_sha = write_weights(run_dir, module.state_dict())
-    membership_sha = write_membership(run_dir, mask)
-    n_k = int(mask.sum())
-    members = pool.subset(np.flatnonzero(mask))
     module.to(device)
+    members = pool.subset(np.flatnonzero(mask))
     metrics = {"test_accuracy": accuracy(module, test, device=device),
                "train_accuracy": accuracy(module, members, device=device), "steps": recipe.steps,
                "epsilon_spent": None, "final_loss": None, "wall_seconds": wall_seconds, "history": [],
                "trainer": "batched (training.dp.batched.train_many)"}
-    write_json(run_dir / METRICS_FILE, metrics)
     pc, optim = cfg.privacy, cfg.optim
     phase = PhaseInfo(
         name="private" if recipe.dp else "non-private", dp=recipe.dp, dataset=cfg.data.dataset,
-        noise_multiplier=recipe.noise_multiplier, sample_rate=min(1.0, recipe.batch_size / n_k), steps=recipe.steps,
-        batch_size=recipe.batch_size, sampling=pc.sampling, max_grad_norm=recipe.max_grad_norm,
+        noise_multiplier=recipe.noise_multiplier, sample_rate=min(1.0, recipe.batch_size / int(mask.sum())),
+        steps=recipe.steps, batch_size=recipe.batch_size, sampling=pc.sampling, max_grad_norm=recipe.max_grad_norm,
         clipping="flat" if recipe.dp else None, grad_sample_mode="functorch (batched)" if recipe.dp else None,
         optimizer=optim.name, lr=optim.lr, frozen=list(built.frozen))
-    privacy = PrivacyInfo(dp=recipe.dp, delta=recipe.delta, accountant=None, epsilon=None, phases=[phase], notes=[
+    privacy = privacy_record(phases=[phase], delta=recipe.delta, notes=[
         f"reference model for auditing {target_name!r}: trained with the target's recipe on a keep mask; it makes "
         f"no privacy claim of its own"])
-    total, trainable = count_parameters(module)
-    manifest = build_manifest(
-        run_name=cfg.name, model=cfg.model, num_classes=num_classes, input_shape=input_shape, param_count=total,
-        trainable_param_count=trainable, weights_sha256=weights_sha, frozen=built.frozen,
-        notes=built.notes, data=cfg.data, pool_fingerprint=pool.fingerprint(),
-        membership=MembershipInfo(scheme="explicit", n_members=n_k, n_pool=len(mask)),
-        membership_sha256=membership_sha, privacy=privacy,
+    return write_run(
+        run_dir, run_name=cfg.name, model=cfg.model, module=module, num_classes=num_classes, input_shape=input_shape,
+        frozen=built.frozen, notes=built.notes, membership=mask, membership_scheme="explicit", data=cfg.data,
+        pool_fingerprint=pool.fingerprint(), privacy=privacy, metrics=metrics,
         training={"recipe": cfg.training.recipe, "optimizer": optim.model_dump(mode="json"), "steps": recipe.steps,
                   "batch_size": recipe.batch_size, "test_accuracy": metrics["test_accuracy"],
                   "train_accuracy": metrics["train_accuracy"], "trainer": "batched"},
-        seed=cfg.training.seed, config_sha256=sha256_bytes(config_text.encode("utf-8")),
+        seed=cfg.training.seed, config_text=dump_config(cfg),
         command=f"audit attack (reference model of {target_name}, batched)", device=str(device), threads=threads)
-    write_manifest(run_dir, manifest)
-    return manifest
 
 
 def _train_batched(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet | None, keep: np.ndarray,

@@ -34,11 +34,11 @@ from training.data import concat_sets
 from foundation.errors import CheckpointError, ConfigError, DataError
 from training.evaluate import accuracy
 from foundation.io import check_output_dir, remove_run_dir, sha256_file, write_json
-from training.models import build_model, count_parameters, load_weights_file
-from training.run import IMPORT_FILE, METRICS_FILE, is_complete
+from training.models import build_model, load_weights_file
+from training.run import IMPORT_FILE, is_complete
 from training.run.imported import IMPORT_FORMAT, combine_import_sets, load_source
-from training.run.manifest import Manifest, MembershipInfo, PrivacyInfo, build_manifest, write_manifest
-from training.run.write import write_membership, write_weights
+from training.run.manifest import Manifest, PrivacyInfo
+from training.run.writer import privacy_record, write_run
 from training.models.cifar_resnet import depth_mismatch
 from training.models.registry import canonical_arch
 from training.models.weights import load_state_strict, strip_prefix
@@ -75,16 +75,16 @@ class ImportResult:
 
 def _claim(claimed_epsilon: float | None, delta: float | None, accountant: str | None) -> PrivacyInfo:
     if claimed_epsilon is None and delta is None:
-        return PrivacyInfo(dp=False, notes=["external checkpoint imported without a DP claim: epsilon = inf"])
+        return privacy_record(notes=["external checkpoint imported without a DP claim: epsilon = inf"])
     if claimed_epsilon is None or delta is None:
         raise ConfigError("give --claimed-epsilon and --delta together (or neither for a non-DP checkpoint)")
     if not (claimed_epsilon > 0 and math.isfinite(claimed_epsilon)):
         raise ConfigError(f"--claimed-epsilon must be a finite number > 0, got {claimed_epsilon}")
     if not 0.0 < delta < 1.0:
         raise ConfigError(f"--delta must be in (0, 1), got {delta}")
-    return PrivacyInfo(dp=True, delta=float(delta), accountant=accountant or "claimed", epsilon=float(claimed_epsilon),
-                       notes=["epsilon as claimed by the checkpoint's provider; dp-audit cannot recompute it "
-                              "(no training recipe)"])
+    return privacy_record(epsilon=float(claimed_epsilon), delta=float(delta), accountant=accountant or "claimed",
+                          notes=["epsilon as claimed by the checkpoint's provider; dp-audit cannot recompute it "
+                                 "(no training recipe)"])
 
 
 def _load_model(weights: Path, cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, int, int]
@@ -171,8 +171,6 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
     if (out.exists() or out.is_symlink()) and overwrite:
         remove_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    weights_sha = write_weights(out, module.to("cpu").state_dict())
-    membership_sha = write_membership(out, membership)
     same_dataset = members["dataset"] == nonmembers["dataset"] and members.get("root") == nonmembers.get("root")
     record = {"format": IMPORT_FORMAT,
               "members": {**members, "n": len(member_set), "fingerprint": member_set.fingerprint()},
@@ -180,17 +178,13 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
               "population": {"n": int(held.size), "seed": int(seed), "indices": held.tolist()},
               "weights": {"source": str(weights), "sha256": sha256_file(weights)}}
     write_json(out / IMPORT_FILE, record)
-    write_json(out / METRICS_FILE, metrics)
-    total, trainable = count_parameters(module)
-    manifest = build_manifest(
-        run_name=out.name, model=mcfg, num_classes=n_classes, input_shape=pool.input_shape, param_count=total,
-        trainable_param_count=trainable, weights_sha256=weights_sha,
+    manifest = write_run(
+        out, run_name=out.name, model=mcfg, module=module.to("cpu"), num_classes=n_classes,
+        input_shape=pool.input_shape,
         notes=notes + [f"imported from {weights} (sha256 {record['weights']['sha256'][:12]}...)"],
-        data=members, pool_fingerprint=pool.fingerprint(), membership_sha256=membership_sha,
-        membership=MembershipInfo(scheme="explicit", n_members=int(membership.sum()), n_pool=len(pool)),
+        data=members, pool_fingerprint=pool.fingerprint(), membership=membership, membership_scheme="explicit",
         nonmember_split=nonmembers["split"] if same_dataset else f"{nonmembers['dataset']}:{nonmembers['split']}",
-        privacy=privacy, training={"recipe": "external", "test_accuracy": metrics["test_accuracy"],
-                                   "train_accuracy": metrics["train_accuracy"]},
+        privacy=privacy, metrics=metrics, training={"recipe": "external", "test_accuracy": metrics["test_accuracy"],
+                                                    "train_accuracy": metrics["train_accuracy"]},
         command=command, device=str(dev))
-    write_manifest(out, manifest)
     return ImportResult(run_dir=out, manifest=manifest, metrics=metrics, n_population=int(held.size))

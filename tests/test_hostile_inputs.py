@@ -360,7 +360,7 @@ def test_disk_errors_while_writing_weights_are_one_line(tmp_path, monkeypatch, c
     def fail(*_a, **_k):
         raise OSError(code, os.strerror(code), str(tmp_path / "runs" / "tiny" / "model.safetensors"))
 
-    monkeypatch.setattr("training.trainer.write_weights", fail)
+    monkeypatch.setattr("training.run.writer.write_weights", fail)
     cfg = write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs")
     assert_error(cli("train", cfg, "--no-progress"), pattern)
     assert not (tmp_path / "runs" / "tiny" / "manifest.json").exists()

@@ -26,8 +26,8 @@ import torch
 from training.accounting import DPPhase, cross_check, default_delta, epsilon_for
 from training.config import ModelConfig, TrainConfig, dump_config
 from foundation.errors import CheckpointError, UserError
-from foundation.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_json,
-                         write_npy, write_text)
+from foundation.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_npy,
+                           write_text)
 from training.models import count_parameters
 from training.pool import Pool, build_pool, draw_membership
 from training.progress import TrainLogger
@@ -40,11 +40,10 @@ from training.loop import RunContext, run_phases
 from training.recipes import RECIPES, RunSetup
 from foundation.files import (CANARY_PACKAGE_FILE, CONFIG_FILE, GRADIENT_CANARY_FILE, INIT_WEIGHTS_FILE, LOCK_FILE,
                               MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, TB_DIR)
-from training.run.manifest import (Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, read_manifest,
-                                   write_manifest)
+from training.run.manifest import Manifest, PhaseInfo, PrivacyInfo, read_manifest
 from training.run.state import clear_state, has_state, load_state
+from training.run.writer import privacy_record, write_run
 from training.threads import ThreadBudget, model_work, rank_budget, using_threads
-from training.run.write import write_membership, write_weights
 from foundation.lock import run_lock
 
 __all__ = ["TrainResult", "train", "SECURE_MODE_NOTE"]
@@ -96,20 +95,20 @@ def _complete(run_dir: Path, membership: np.ndarray | None) -> TrainResult:
     return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
 
 
-def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, MembershipInfo]:
+def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, dict[str, Any]]:
+    """The membership mask and how it was drawn (:func:`training.run.write_run`'s ``membership_*`` arguments)."""
     n = len(pool.images)
     if cfg.data.audit_split:
         mask = draw_membership(n, p=cfg.data.member_prob, seed=cfg.data.membership_seed)
         if pool.auditor_canaries:  # the auditor drew the canaries' inclusion: its whole package is trained on
             mask[pool.n_real:] = True
-        info = MembershipInfo(scheme="bernoulli", p=cfg.data.member_prob, seed=cfg.data.membership_seed,
-                              n_members=int(mask.sum()), n_pool=n)
+        info = {"membership_scheme": "bernoulli", "member_p": cfg.data.member_prob,
+                "membership_seed": cfg.data.membership_seed}
     else:
         mask = np.ones(n, dtype=bool)
         if pool.n_canaries and not pool.auditor_canaries:  # generated canaries: IN with probability 1/2
             mask[pool.n_real:] = draw_membership(pool.n_canaries, p=0.5, seed=cfg.data.membership_seed)
-        info = MembershipInfo(scheme="all", p=None, seed=cfg.data.membership_seed, n_members=int(mask.sum()),
-                              n_pool=n)
+        info = {"membership_scheme": "all", "membership_seed": cfg.data.membership_seed}
     return mask, info
 
 
@@ -186,7 +185,7 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
         mask = np.asarray(membership, dtype=bool)
         if mask.shape != (len(pool.images),):
             raise UserError(f"membership mask has shape {mask.shape}, the pool has {len(pool.images)} examples")
-        mem_info = MembershipInfo(scheme="explicit", n_members=int(mask.sum()), n_pool=len(mask))
+        mem_info = {"membership_scheme": "explicit"}
     else:
         mask, mem_info = _membership(cfg, pool)
     members = np.flatnonzero(mask)
@@ -303,8 +302,8 @@ def _privacy_info(pc, phases: list[PhaseInfo], delta: float, notes: list[str]) -
     dp_phases = [DPPhase(noise_multiplier=p.noise_multiplier, sample_rate=p.sample_rate, steps=p.steps)
                  for p in phases if p.dp]
     if not dp_phases:
-        return PrivacyInfo(dp=False, delta=None, accountant=None, epsilon=None, phases=phases,
-                           notes=notes + ["no DP phase: this checkpoint makes no privacy claim (epsilon = inf)"])
+        return privacy_record(phases=phases,
+                              notes=notes + ["no DP phase: this checkpoint makes no privacy claim (epsilon = inf)"])
     check = cross_check(phases=dp_phases, delta=delta, accountant=pc.accountant)
     if len(dp_phases) == 1:
         phases = [p.model_copy(update={"epsilon": check["epsilon"]}) if p.dp else p for p in phases]
@@ -312,33 +311,26 @@ def _privacy_info(pc, phases: list[PhaseInfo], delta: float, notes: list[str]) -
         phases = [p.model_copy(update={"epsilon": epsilon_for(phases=[DPPhase(
             noise_multiplier=p.noise_multiplier, sample_rate=p.sample_rate, steps=p.steps)], delta=delta,
             accountant=pc.accountant)}) if p.dp else p for p in phases]
-    return PrivacyInfo(dp=True, delta=delta, accountant=pc.accountant, epsilon=check["epsilon"],
-                       epsilon_cross_check={"accountant": check["reference_accountant"],
-                                            "epsilon": check["reference_epsilon"],
-                                            "relative_difference": check["relative_difference"]},
-                       phases=phases, notes=notes)
+    return privacy_record(phases=phases, epsilon=check["epsilon"], delta=delta, accountant=pc.accountant,
+                          cross_check={"accountant": check["reference_accountant"],
+                                       "epsilon": check["reference_epsilon"],
+                                       "relative_difference": check["relative_difference"]}, notes=notes)
 
 
 def _finalize(run_dir: Path, cfg: TrainConfig, *, model: torch.nn.Module, model_cfg: ModelConfig,
-              model_notes: list[str], frozen: list[str], pool: Pool, mask: np.ndarray, mem_info: MembershipInfo,
+              model_notes: list[str], frozen: list[str], pool: Pool, mask: np.ndarray, mem_info: dict[str, Any],
               privacy: PrivacyInfo, metrics: dict, extra: dict, config_sha: str, command: str | None,
               device: torch.device, threads: dict[str, Any]) -> Manifest:
     """Write weights, membership, metrics and the manifest (last: its presence marks the run complete)."""
-    weights_sha = write_weights(run_dir, model.state_dict())
-    membership_sha = write_membership(run_dir, mask)
-    write_json(run_dir / METRICS_FILE, metrics)
-    total, trainable = count_parameters(model)
-    manifest = build_manifest(
-        run_name=cfg.name, model=model_cfg, num_classes=len(pool.images.classes),
-        input_shape=(3, *pool.images.x.shape[1:3]), param_count=total, trainable_param_count=trainable,
-        weights_sha256=weights_sha, frozen=frozen, notes=model_notes, data=cfg.data,
-        pool_fingerprint=pool.images.fingerprint(), membership=mem_info, membership_sha256=membership_sha,
-        canaries=pool.canaries, privacy=privacy, split=pool.split_record,
+    manifest = write_run(
+        run_dir, run_name=cfg.name, model=model_cfg, module=model, num_classes=len(pool.images.classes),
+        input_shape=(3, *pool.images.x.shape[1:3]), frozen=frozen, notes=model_notes, membership=mask, **mem_info,
+        data=cfg.data, pool_fingerprint=pool.images.fingerprint(), canaries=pool.canaries, privacy=privacy,
+        split=pool.split_record, metrics=metrics,
         training={"recipe": cfg.training.recipe, "optimizer": cfg.optim.model_dump(mode="json"),
                   "steps": metrics["steps"], "batch_size": cfg.training.batch_size,
                   "test_accuracy": metrics["test_accuracy"], "train_accuracy": metrics["train_accuracy"], **extra},
         seed=cfg.training.seed, config_sha256=config_sha, command=command, device=str(device),
         streamed=pool.streamed, threads=threads)
-    write_manifest(run_dir, manifest)
     clear_state(run_dir)
     return manifest

@@ -30,11 +30,10 @@ from torch import nn
 
 from training.config import ModelConfig
 from foundation.errors import CheckpointError
-from foundation.io import check_output_dir, save_safetensors, sha256_file, write_json, write_npy, write_npz
-from training.models import count_parameters
-from foundation.files import GRADIENT_CANARY_FILE, INIT_WEIGHTS_FILE, INPUT_CANARY_FILE, MANIFEST_FILE, METRICS_FILE
-from training.run.manifest import Manifest, MembershipInfo, PhaseInfo, PrivacyInfo, build_manifest, write_manifest
-from training.run.write import write_membership, write_weights
+from foundation.files import GRADIENT_CANARY_FILE, INIT_WEIGHTS_FILE, INPUT_CANARY_FILE, MANIFEST_FILE
+from foundation.io import check_output_dir, save_safetensors, sha256_file, write_npy, write_npz
+from training.run.manifest import Manifest, PhaseInfo, PrivacyInfo
+from training.run import writer as run_writer
 
 if TYPE_CHECKING:
     from audit.integrations.opacus import OpacusAuditor
@@ -125,8 +124,8 @@ def _claim(auditor: OpacusAuditor, phases: list[PhaseInfo], notes: list[str]) ->
     if not auditor.poisson:
         notes.append("batches were not Poisson-sampled (the data loader is not Opacus's DPDataLoader); the engine "
                      "accounts ε as if they were, so the claim is NOT a proven guarantee for this run")
-    return PrivacyInfo(dp=True, delta=auditor.delta, accountant=mechanism, epsilon=claim, epsilon_cross_check=cross,
-                       phases=phases, notes=notes)
+    return run_writer.privacy_record(phases=phases, epsilon=claim, delta=auditor.delta, accountant=mechanism,
+                                     cross_check=cross, notes=notes)
 
 
 def _gradient_record(auditor: OpacusAuditor, run_dir: Path, names: list[str]) -> dict[str, Any]:
@@ -182,38 +181,29 @@ def write_run(auditor: OpacusAuditor, model: nn.Module, *, test_accuracy: float 
         notes.append("adaptive clipping (AdaClipDPOptimizer): the clipping norm varied; phases record each value")
     privacy = _claim(auditor, phases, notes)
 
-    weights_sha = write_weights(run_dir, base.state_dict())
     extra = _gradient_record(auditor, run_dir, names)
     canaries = _input_record(auditor, run_dir, base)
     ds = auditor.input_canaries
     mask = ds.membership() if ds is not None else np.ones(auditor.n_examples, dtype=bool)
-    membership_sha = write_membership(run_dir, mask)
     fingerprint = ds.fingerprint() if ds is not None else _size_fingerprint(auditor.n_examples)
     steps = len(auditor.steps)
     metrics_out = {"test_accuracy": test_accuracy, "steps": steps, "epsilon_spent": privacy.epsilon,
                    "canary_seconds": auditor.canary_seconds, "gradient_canaries_added": auditor.canaries_added,
                    **metrics}
-    write_json(run_dir / METRICS_FILE, metrics_out)
-    total, trainable = count_parameters(base)
     arch = auditor.arch or f"user-model/{type(base).__module__}.{type(base).__qualname__}".replace(":", ".")
-    input_shape = _input_shape(auditor)
-    manifest = build_manifest(
-        run_name=auditor.run_name, model=ModelConfig(arch=arch, fix_batchnorm=False),
-        num_classes=_num_classes(base, ds),
-        input_shape=input_shape, param_count=total, trainable_param_count=trainable, weights_sha256=weights_sha,
+    return run_writer.write_run(
+        run_dir, run_name=auditor.run_name, model=ModelConfig(arch=arch, fix_batchnorm=False), module=base,
+        num_classes=_num_classes(base, ds), input_shape=_input_shape(auditor),
         frozen=[n for n, p in base.named_parameters() if not p.requires_grad],
         notes=[] if auditor.arch else ["the user's model class (trained by an Opacus script); auditors read its "
                                        "weights but do not rebuild it"],
         data={"dataset": auditor.dataset, "split": "train"}, pool_fingerprint=fingerprint,
-        membership=MembershipInfo(scheme="all", seed=ds.seed if ds is not None else None,
-                                  n_members=int(mask.sum()), n_pool=int(mask.size)),
-        membership_sha256=membership_sha, canaries=canaries, privacy=privacy,
+        membership=mask, membership_scheme="all", membership_seed=ds.seed if ds is not None else None,
+        canaries=canaries, privacy=privacy, metrics=metrics_out,
         training={"recipe": "opacus", "integration": "audit.OpacusAuditor", "optimizer": type(original).__name__,
                   "lr": lr, "steps": steps, "batch_size": phases[0].batch_size, "test_accuracy": test_accuracy,
                   "world_size": auditor.world_size, **extra},
         seed=auditor.seed, command=shlex.join(sys.argv), device=str(auditor.params[0].device))
-    write_manifest(run_dir, manifest)
-    return manifest
 
 
 def _size_fingerprint(n: int) -> str:

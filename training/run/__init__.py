@@ -3,6 +3,9 @@ whether outputs are current. Every reader and writer of a run directory goes thr
 
 * :mod:`foundation.files`: the file names (``manifest.json``, ``model.safetensors``, ``config.yaml``, ...).
 * :mod:`training.run.manifest`: the manifest schema, :func:`build_manifest`, :func:`write_manifest`.
+* :mod:`training.run.writer`: :func:`write_run`, the one writer of a run directory (weights, membership, metrics,
+  config, hashes, privacy block, manifest last) behind ``audit train``, reference models, ``audit import`` and
+  :class:`audit.OpacusAuditor`.
 * :mod:`training.run.state`: resumable training state (``state/checkpoint.pt``).
 * :mod:`training.run.imported`: ``import.json`` and the pool of an imported checkpoint.
 * :mod:`training.run.readers`: one file of a run read and checked against the manifest.
@@ -22,12 +25,12 @@ from training.run.manifest import (MANIFEST_FORMAT, DataInfo, Manifest, Membersh
                                    PrivacyInfo, Provenance, build_manifest, write_manifest)
 from training.run.verified import VerifiedRun, as_run, open_run
 from training.run.population import Population, run_population
-from training.run.write import write_membership, write_weights
+from training.run.writer import privacy_record, write_membership, write_run, write_weights
 
 __all__ = [
     "CONFIG_FILE", "IMPORT_FILE", "MANIFEST_FILE", "MEMBERSHIP_FILE", "METRICS_FILE", "STATE_FILE", "TB_DIR",
     "WEIGHTS_FILE", "has_recipe", "is_complete", "identity", "inputs_digest", "inputs_record", "is_current",
     "IMPORT_FORMAT", "MANIFEST_FORMAT", "DataInfo", "Manifest", "MembershipInfo", "ModelInfo", "PhaseInfo",
     "PrivacyInfo", "Provenance", "build_manifest", "write_manifest", "VerifiedRun", "as_run", "open_run",
-    "write_membership", "write_weights", "Population", "run_population",
+    "write_run", "privacy_record", "write_membership", "write_weights", "Population", "run_population",
 ]
