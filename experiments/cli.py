@@ -5,10 +5,11 @@ Each subcommand is one concept's own command line, its options unchanged:
 * ``papers run|tables``: the experiment configs' runs and their tables (:mod:`experiments.papers.cli`);
 * ``arms run|merge|pretrained|adopt``: the extra arms (:mod:`experiments.arms.runner`);
 * ``gpu prepare|decode|run|pack|unpack|profile``: the runs on a lent GPU machine (:mod:`experiments.gpu.cli`);
-* ``findings``: ``results/reference/seed_findings.md`` from the result files (:mod:`experiments.findings.cli`).
+* ``findings``: ``results/reference/seed_findings.md`` from the result files (:mod:`experiments.findings.cli`);
+* ``vit-probe``: the ViT arm's pre-training recipe on this CPU (:mod:`experiments.arms.probe`).
 
 >>> main(["--help"])  # doctest: +ELLIPSIS
-usage: python -m experiments {papers,arms,gpu,findings} ...
+usage: python -m experiments {papers,arms,gpu,findings,vit-probe} ...
 ...
 0
 """
@@ -24,6 +25,7 @@ COMMANDS = {
     "arms": ("experiments.arms.runner", "run, merge or adopt the extra arms' results"),
     "gpu": ("experiments.gpu.cli", "prepare data for, run on, and pack/unpack results of a lent GPU machine"),
     "findings": ("experiments.findings.cli", "write results/reference/seed_findings.md from the result files"),
+    "vit-probe": ("experiments.arms.probe", "time the ViT arm's public pre-training recipes on this CPU"),
 }
 USAGE = "usage: python -m experiments {" + ",".join(COMMANDS) + "} ..."
 
@@ -41,4 +43,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{USAGE}\nerror: unknown command {argv[0]!r}: choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    return module.main(argv[1:])
+    return module.main(argv[1:], prog=f"python -m experiments {argv[0]}")

@@ -8,7 +8,7 @@ cosine schedule. This measures, at the CPU arm's size (``cpu_hour_vit``: the 64-
 phase/train/test functions. Accuracy is on the arm's 1,000 test images; the seeds pair the runs (one
 initialisation and batch order per seed).
 
-    .venv/bin/python benchmarks/vit_pretrain_probe.py --runs constant:0:2000 cosine:100:2000 cosine:400:8000 \\
+    .venv/bin/python -m experiments vit-probe --runs constant:0:2000 cosine:100:2000 cosine:400:8000 \\
         --seeds 0 1 --workers 2 [--augment] --out results/reference/vit_pretrain_probe[.augment].md
 
 Each ``--runs`` entry is ``schedule:warmup:steps``."""
@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import remake_section, run_script  # noqa: E402
 
 SCALE = "cpu_hour_vit"
 
@@ -60,7 +56,8 @@ def parse_run(text: str) -> tuple[str, int, int]:
         raise argparse.ArgumentTypeError(f"a run is schedule:warmup:steps, e.g. cosine:100:2000; got {text!r}")
 
 
-def make_table(args: argparse.Namespace) -> str:
+def make_table(args: argparse.Namespace, argv: list[str]) -> str:
+    """The table of every (run, seed), with the command (``argv``: its options) that re-makes it."""
     import multiprocessing as mp
 
     jobs = sorted(((r, s) for r in args.runs for s in args.seeds), key=lambda j: -j[0][2])  # longest first
@@ -77,18 +74,24 @@ def make_table(args: argparse.Namespace) -> str:
         lines.append(f"| {r[0]} | {r[1]} | {r[2]:,} | " + " | ".join(f"{100 * a:.1f} %" for a in accs)
                      + f" | {100 * statistics.mean(accs):.1f} % | {secs:.0f} |")
     return "\n".join(lines + ["", f"Machine: {os.cpu_count()} CPU cores, one torch thread per run.", "",
-                              *remake_section("vit_pretrain_probe.py")])
+                              "## Re-make", "", "```",
+                              shlex.join([".venv/bin/python", "-m", "experiments", "vit-probe", *argv]), "```", ""])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m experiments vit-probe") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", type=parse_run, default=[parse_run("constant:0:2000"),
                                                                       parse_run("cosine:100:2000")])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--augment", action="store_true", help="crops and flips in the pre-training")
-    run_script(parser, make_table, argv, seed=False)
+    parser.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    text = make_table(args, argv)
+    print(text)
+    if args.out:
+        from foundation.io import write_text
 
-
-if __name__ == "__main__":
-    main()
+        write_text(args.out, text)
+    return 0
