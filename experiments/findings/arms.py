@@ -89,35 +89,36 @@ def ke_source_text(k: dict) -> str:
 
 
 def ke_rows(scale: str) -> list[str]:
-    rows = []
     k = arm_result(scale, "ke")
-    if k:
-        ps, cmd = k["per_seed"], arms_cmd("ke", scale)
-        t, v, _ = greater(ps["lp_aligned_acc"], ps["random_acc"], family=2)
-        rows.append(row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
-                         f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
-                         f"LP-aligned {pct(ps['lp_aligned_acc'])}, random {pct(ps['random_acc'])}, zero "
-                         f"{pct(ps['zero_acc'])} (source: {ke_source_text(k)})",
-                         f"LP-aligned > random: {t}", v, cmd))
-        t, v, _ = greater(ps["lp_aligned_knn"], ps["random_knn"], family=2)
-        rows.append(row(scale, "Ke et al. 2024",
-                                "the misaligned (random) head distorts the features: kNN quality of the "
-                         "backbone after fine-tuning", f"kNN on held-out val: LP-aligned {pct(ps['lp_aligned_knn'])}, "
-                         f"random {pct(ps['random_knn'])}, zero {pct(ps['zero_knn'])} (start "
-                         f"{pct([c[0]['knn'] for c in ps['random_knn_curve']])})", f"LP-aligned > random: {t}", v,
-                         cmd))
-        t, v, _ = greater(ps["selected_acc"], ps["random_acc"])
-        rows.append(row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data beats "
-                         "DP-FFT",
-                         f"selected {', '.join(ps['selected_split'])}: {pct(ps['selected_acc'])} vs FFT "
-                         f"{pct(ps['random_acc'])}", f"{t} (selection on val: no test-set correction needed)", v,
-                         cmd))
-        if "lp_acc" in ps:  # DP-LP alone: the arm's other end (LP-FFT's total DP steps, the whole ε)
-            t, v, _ = greater(ps["selected_acc"], ps["lp_acc"])
-            rows.append(row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data "
-                             f"beats DP-LP (the head alone, {k['lp_steps'] + k['fft_steps']} DP steps, the whole ε)",
-                             f"selected {pct(ps['selected_acc'])} vs LP {pct(ps['lp_acc'])}",
-                             f"{t} (selection on val: no test-set correction needed)", v, cmd))
+    if not k:
+        return []
+    rows = []
+    ps, cmd = k["per_seed"], arms_cmd("ke", scale)
+    t, v, _ = greater(ps["lp_aligned_acc"], ps["random_acc"], family=2)
+    rows.append(row(scale, "Ke et al. 2024", f"an LP-aligned head beats a random head at equal backbone steps "
+                     f"({k['fft_steps']} FFT steps, head lr ×{k['head_lr_scale']:g} by parameter group)",
+                     f"LP-aligned {pct(ps['lp_aligned_acc'])}, random {pct(ps['random_acc'])}, zero "
+                     f"{pct(ps['zero_acc'])} (source: {ke_source_text(k)})",
+                     f"LP-aligned > random: {t}", v, cmd))
+    t, v, _ = greater(ps["lp_aligned_knn"], ps["random_knn"], family=2)
+    rows.append(row(scale, "Ke et al. 2024",
+                            "the misaligned (random) head distorts the features: kNN quality of the "
+                     "backbone after fine-tuning", f"kNN on held-out val: LP-aligned {pct(ps['lp_aligned_knn'])}, "
+                     f"random {pct(ps['random_knn'])}, zero {pct(ps['zero_knn'])} (start "
+                     f"{pct([c[0]['knn'] for c in ps['random_knn_curve']])})", f"LP-aligned > random: {t}", v,
+                     cmd))
+    t, v, _ = greater(ps["selected_acc"], ps["random_acc"])
+    rows.append(row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data beats "
+                     "DP-FFT",
+                     f"selected {', '.join(ps['selected_split'])}: {pct(ps['selected_acc'])} vs FFT "
+                     f"{pct(ps['random_acc'])}", f"{t} (selection on val: no test-set correction needed)", v,
+                     cmd))
+    if "lp_acc" in ps:  # DP-LP alone: the arm's other end (LP-FFT's total DP steps, the whole ε)
+        t, v, _ = greater(ps["selected_acc"], ps["lp_acc"])
+        rows.append(row(scale, "Ke et al. 2024", "DP-LP-FFT with the ε split chosen on held-out validation data "
+                         f"beats DP-LP (the head alone, {k['lp_steps'] + k['fft_steps']} DP steps, the whole ε)",
+                         f"selected {pct(ps['selected_acc'])} vs LP {pct(ps['lp_acc'])}",
+                         f"{t} (selection on val: no test-set correction needed)", v, cmd))
     return rows
 
 
