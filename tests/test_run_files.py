@@ -10,8 +10,7 @@ import foundation.files as files
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("foundation", "training", "attacks", "audit")
-#: the seed-paper research (moving out of the product) keeps its own cache files
-SKIP = ("foundation/files.py", "audit/seed_arms/")
+SKIP = ("foundation/files.py",)  # the seed-paper research (experiments/) is outside PACKAGES
 NAMES = sorted({v for k in files.__all__ if isinstance(v := getattr(files, k), str) and k.isupper()}
                - {files.STATE_DIR, files.TB_DIR}, key=len, reverse=True)  # "state", "tb": common words
 
