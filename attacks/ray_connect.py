@@ -70,7 +70,8 @@ def describe_local(bind_host: str) -> str:
 
 
 def check_bind_host(bind_host: str) -> str:
-    """``bind_host`` if it is an IP address a local Ray can use for its servers, else a ValueError.
+    """``bind_host`` if it is an IP address a local Ray can use for its servers (any loopback address:
+    ``127.0.0.1``), else a ValueError.
 
     >>> check_bind_host("0.0.0.0")
     Traceback (most recent call last):
@@ -84,7 +85,7 @@ def check_bind_host(bind_host: str) -> str:
     if ip is None or ip.is_unspecified or ip.is_multicast:
         raise ValueError(f"ray_bind_host must be 127.0.0.1 or an IP address of this machine that other nodes "
                          f"reach (e.g. 10.0.0.5); got {bind_host!r} (Ray advertises it to the other nodes)")
-    return str(ip)
+    return LOOPBACK if ip.is_loopback else str(ip)
 
 
 @contextmanager

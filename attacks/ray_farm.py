@@ -73,7 +73,7 @@ class RayOptions:
             low = 0 if name == "max_retries" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
-        check_bind_host(self.bind_host)
+        object.__setattr__(self, "bind_host", check_bind_host(self.bind_host))  # any loopback: 127.0.0.1
         if self.address is not None and self.bind_host != LOOPBACK:
             raise ValueError(f"bind_host applies to a local Ray only, not to the cluster at "
                              f"{redact_address(self.address)!r} (its nodes choose theirs with ray start "
@@ -101,6 +101,14 @@ class RaySession:
         self.options = options
         self.where = where or (describe_local(options.bind_host) if options.address is None
                                else redact_address(options.address))
+
+    @property
+    def joinable_at(self) -> str | None:
+        """The GCS address other nodes join (``ray start --address``) when this is a local Ray started on a
+        network address (``bind_host``); None otherwise."""
+        if self.options.address is not None or self.options.bind_host == LOOPBACK:
+            return None
+        return str(self.ray.get_runtime_context().gcs_address)
 
     @property
     def slots(self) -> int:

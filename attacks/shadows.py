@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -221,22 +222,27 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
     # the executor is opened (a Ray cluster reached) before anything under shadows/ is deleted or written
     needed = retrain or not (root / INDEX_FILE).is_file() or not all(is_complete(root / str(k))
                                                                      for k in range(n_models))
-    with _executor_open(executor, ray, needed=needed) as where:
+    with _executor_open(executor, ray, needed=needed, log=log) as where:
         return _prepare(target=target, root=root, n_models=n_models, seed=seed, executor=executor, ray=ray,
                         where=where, device=device, max_models_per_batch=max_models_per_batch, retrain=retrain,
                         log=log)
 
 
 @contextmanager
-def _executor_open(executor: str, ray: Any, *, needed: bool) -> Iterator[str | None]:
+def _executor_open(executor: str, ray: Any, *, needed: bool, log: Any) -> Iterator[str | None]:
     """For ``executor="ray"`` with models to train (or delete): a Ray session for the whole preparation, its
-    address as results record it; else nothing."""
+    address as results record it; else nothing. A local Ray opened to the network says where nodes join it."""
     if executor != "ray" or not needed:
         yield None
         return
     from attacks.ray_farm import RayOptions, ray_session
 
     with ray_session(ray or RayOptions()) as session:
+        joinable = session.joinable_at
+        if joinable is not None:
+            (log or (lambda msg: print(msg, file=sys.stderr)))(
+                f"local Ray open to other nodes at {joinable}: on each, ray start --address {joinable} (with this "
+                f"machine's ~/.ray/auth_token); the run directory must be on a file system they all mount")
         yield session.where
 
 
