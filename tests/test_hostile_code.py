@@ -172,7 +172,7 @@ DYNAMIC_IMPORTS = {
     ("training/models/build.py", "importlib.import_module(module_name)"),
     ("attacks/registry.py", "importlib.import_module(module)"),
     ("audit/__init__.py", "importlib.import_module(module)"),  # a value of the fixed table audit._PUBLIC
-    ("audit/cli.py", 'importlib.import_module(f"audit.commands.{_name}")'),
+    ("audit/cli.py", 'importlib.import_module(f"audit.commands.{entry[0]}")'),
     ("training/run/manifest.py", "__import__(mod)"),
 }
 
