@@ -41,7 +41,9 @@ def _keep_cwd(monkeypatch):
 
 def test_soft_deadline_counts_from_the_ready_queue(monkeypatch, tmp_path):
     todo = [("run", "fast", f"k{i}", "gpu") for i in range(3)]
-    recs = _run(monkeypatch, tmp_path, todo, setup=1.5, soft=1.0, hard=120)
+    # one worker per job: every job is submitted at once when the queue is ready, so how long worker processes take
+    # to start on a loaded machine cannot push a submission past the soft deadline
+    recs = _run(monkeypatch, tmp_path, todo, setup=1.5, soft=1.0, hard=120, workers=3)
     assert sorted(r["key"] for r in recs) == ["k0", "k1", "k2"] and {r["status"] for r in recs} == {"done"}
 
 
