@@ -22,6 +22,7 @@ from training.canary_package import read_package
 from training.config import CanaryConfig, TrainConfig
 from training.data import ImageSet, SplitRows, load_pool, load_test, split_rows
 from training.data.stream import StreamSet, is_streamed
+from training.input_canaries import canary_rng, noise_images, pick_sources, wrong_labels
 from foundation.errors import DataError
 
 __all__ = ["Pool", "build_pool", "draw_membership", "make_canaries"]
@@ -79,7 +80,8 @@ def draw_membership(n: int, *, p: float, seed: int) -> np.ndarray:
 
 def make_canaries(cfg: CanaryConfig, *, pool: ImageSet, test: ImageSet | None
                   ) -> tuple[np.ndarray, np.ndarray, ImageSet | None, dict]:
-    """Input canaries (Jagielski et al. 2020; Steinke et al. 2023): examples that are easy to memorise.
+    """Input canaries (Jagielski et al. 2020; Steinke et al. 2023): examples that are easy to memorise, drawn by
+    :mod:`training.input_canaries`.
 
     ``mislabel``: held-out test images with a label drawn uniformly among the wrong classes (the sources are
     removed from the test set). ``ood``: uniform-noise images with random labels.
@@ -87,25 +89,22 @@ def make_canaries(cfg: CanaryConfig, *, pool: ImageSet, test: ImageSet | None
     Returns:
         (x, y, test_without_sources, description)
     """
-    rng = np.random.default_rng([int(cfg.seed), 0x43414E41])
+    rng = canary_rng(cfg.seed)
     m = cfg.count
     n_classes = len(pool.classes)
-    h, w = pool.x.shape[1:3]
     if cfg.kind == "mislabel":
         if test is None or len(test) < m:
             raise DataError(
                 f"training.canaries: 'mislabel' canaries need {m} held-out test images but the test split has "
                 f"{0 if test is None else len(test)}; lower canaries.count or use kind: ood")
-        src = np.sort(rng.choice(len(test), size=m, replace=False))
+        src = pick_sources(rng, n_source=len(test), count=m)
         x = test.x[src]
-        shift = rng.integers(1, n_classes, size=m)
-        y = (test.y[src] + shift) % n_classes
+        y = wrong_labels(rng, test.y[src], num_classes=n_classes)
         keep = np.setdiff1d(np.arange(len(test)), src)
         test = test.subset(keep)
         desc_src = {"source": f"{test.split} split (removed from test set)", "source_indices": src.tolist()}
     else:
-        x = rng.integers(0, 256, size=(m, h, w, 3), dtype=np.uint8)
-        y = rng.integers(0, n_classes, size=m)
+        x, y = noise_images(rng, count=m, image_size=pool.x.shape[1:3], num_classes=n_classes)
         desc_src = {"source": "uniform noise images"}
     desc = {"kind": cfg.kind, "count": m, "seed": cfg.seed, **desc_src}
     return x.astype(np.uint8), y.astype(np.int64), test, desc

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from training.canary_package import HEX64, write_package
+from training.input_canaries import noise_images
 from foundation.errors import CheckpointError, UserError
 from foundation.files import CANARY_PACKAGE_FILE, CANARY_SECRET_FILE, COMMITMENT_FILE
 from foundation.io import atomic_path, fingerprint_arrays, sha256_file, write_text
@@ -120,9 +121,8 @@ def commitment_of(digest: str, salt: str) -> str:
 
 def _design(kind: str, *, count: int, num_classes: int, image_size: tuple[int, int],
             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    h, w = image_size
     if kind == "ood":
-        return rng.integers(0, 256, size=(count, h, w, 3), dtype=np.uint8), rng.integers(0, num_classes, size=count)
+        return noise_images(rng, count=count, image_size=image_size, num_classes=num_classes)
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 

@@ -30,11 +30,10 @@ import torch
 from torch.utils.data import Dataset
 
 from foundation.io import fingerprint_arrays
+from training.input_canaries import canary_rng, noise_tensors, pick_sources, wrong_labels
 from training.pool import draw_membership
 
 __all__ = ["CanaryDataset"]
-
-_CANARY_TAG = 0x43414E41  # "CANA", the stream make_canaries uses for audit train's input canaries
 
 
 class CanaryDataset(Dataset):
@@ -71,21 +70,21 @@ class CanaryDataset(Dataset):
         x0, y0 = dataset[0]
         self._label_is_tensor = isinstance(y0, torch.Tensor)
         shape = tuple(torch.as_tensor(x0).shape)
-        rng = np.random.default_rng([self.seed, _CANARY_TAG])
+        rng = canary_rng(self.seed)  # the generator of audit train's canaries: same seed, same draws
         self.source_indices: list[int] = []
         if kind == "mislabel":
             if source is None or len(source) < self.count:  # type: ignore[arg-type]
                 have = 0 if source is None else len(source)  # type: ignore[arg-type]
                 raise ValueError(f"kind='mislabel' needs a source dataset of at least count={self.count} held-out "
                                  f"items, got {have}; pass source= (e.g. the test set) or use kind='ood'")
-            self.source_indices = np.sort(rng.choice(len(source), size=self.count, replace=False)).tolist()
+            self.source_indices = pick_sources(rng, n_source=len(source), count=self.count).tolist()
             items = [source[i] for i in self.source_indices]
             x = torch.stack([torch.as_tensor(it[0], dtype=torch.float32) for it in items])
             true = np.array([int(it[1]) for it in items], dtype=np.int64)
-            y = (true + rng.integers(1, self.num_classes, size=self.count)) % self.num_classes
+            y = wrong_labels(rng, true, num_classes=self.num_classes)
         else:
-            x = torch.from_numpy(rng.random((self.count, *shape), dtype=np.float32))
-            y = rng.integers(0, self.num_classes, size=self.count)
+            noise, y = noise_tensors(rng, count=self.count, shape=shape, num_classes=self.num_classes)
+            x = torch.from_numpy(noise)
         if tuple(x.shape[1:]) != shape:
             raise ValueError(f"source items have shape {tuple(x.shape[1:])}, the dataset's have {shape}")
         self.canary_x = x.numpy().astype(np.float32)
