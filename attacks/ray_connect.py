@@ -24,6 +24,7 @@ interface. Here instead:
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
 import shutil
@@ -125,8 +126,8 @@ def start_local(ray: Any, *, num_cpus: int, bind_host: str = LOOPBACK, log_to_dr
     temp = tempfile.mkdtemp(prefix="dp-audit-ray-")
     loopback = ipaddress.ip_address(check_bind_host(bind_host)).is_loopback
     extra = {} if runtime_env is None else {"runtime_env": runtime_env}
-    try:
-        with _loopback_node() if loopback else nullcontext():
+    try:  # Ray's notice that token authentication is on (a private Ray on loopback: nothing to opt out of)
+        with _loopback_node() if loopback else nullcontext(), _quiet("ray._private.authentication"):
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
                      configure_logging=False, _temp_dir=temp, _node_ip_address=LOOPBACK if loopback else bind_host,
                      **extra)
@@ -299,6 +300,18 @@ def connect(ray: Any, address: str) -> tuple[Callable[[], None], str]:
         ray.shutdown()
         raise UserError(_why(exc, shown, token=os.environ.get("RAY_AUTH_MODE") == "token")) from None
     return ray.shutdown, redact_address(address) if shown_as == address else shown_as
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """No warnings from ``logger`` (and its children) in the ``with`` block."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 @contextmanager

@@ -31,6 +31,7 @@ from foundation.errors import UserError
 
 __all__ = ["RayOptions", "RaySession", "ray_session", "import_ray"]
 
+_OPENED: list[str] = []  # where the Rays that open sessions started or joined run (innermost last)
 INSTALL_HINT = "install it with pip install 'dp-audit[ray]' (or pip install ray)"
 
 
@@ -94,19 +95,20 @@ def import_ray() -> Any:
 
 class RaySession:
     """An open connection to Ray (made by :func:`ray_session`); ``where`` is the Ray it runs on, as results
-    record it (``local (127.0.0.1)``, or the cluster's address without credentials)."""
+    record it (``local (127.0.0.1)``, the cluster's address without credentials, or ``Ray initialised by the
+    caller (GCS host:port)``); ``started``: this session started a local Ray."""
 
-    def __init__(self, ray: Any, options: RayOptions, where: str | None = None) -> None:
+    def __init__(self, ray: Any, options: RayOptions, where: str, *, started: bool = False) -> None:
         self.ray = ray
         self.options = options
-        self.where = where or (describe_local(options.bind_host) if options.address is None
-                               else redact_address(options.address))
+        self.where = where
+        self.started = started
 
     @property
     def joinable_at(self) -> str | None:
         """The GCS address other nodes join (``ray start --address``) when this is a local Ray started on a
         network address (``bind_host``); None otherwise."""
-        if self.options.address is not None or self.options.bind_host == LOOPBACK:
+        if not self.started or self.options.bind_host == LOOPBACK:
             return None
         return str(self.ray.get_runtime_context().gcs_address)
 
@@ -187,7 +189,6 @@ def ray_session(options: RayOptions) -> Iterator[RaySession]:
     """
     ray = import_ray()
     stop = None
-    where = None
     original_print = builtins.print  # Ray's driver swaps in its own print when it shows worker logs
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -195,11 +196,18 @@ def ray_session(options: RayOptions) -> Iterator[RaySession]:
         if options.address is None:
             stop = start_local(ray, num_cpus=options.local_cpus or os.cpu_count() or 1,
                                bind_host=options.bind_host)
+            where = describe_local(options.bind_host)
         else:
             stop, where = connect(ray, options.address)
+        _OPENED.append(where)
+    elif _OPENED:  # an enclosing session's Ray
+        where = _OPENED[-1]
+    else:
+        where = f"Ray initialised by the caller (GCS {redact_address(ray.get_runtime_context().gcs_address)})"
     try:
-        yield RaySession(ray, options, where)
+        yield RaySession(ray, options, where, started=stop is not None and options.address is None)
     finally:
         if stop is not None:
+            _OPENED.pop()
             stop()
         builtins.print = original_print

@@ -7,7 +7,8 @@
 - (slow) with a stale ``ray_current_cluster`` file and ``RAY_ADDRESS`` pointing nowhere, and with a live foreign
   ``ray start --head`` on this machine, the default executor starts its own Ray (its own resources and GCS),
   every socket its processes listen on is a loopback address, it gives the batched executor's weights, and it
-  leaves no process behind; the foreign cluster still runs, and an explicit address reaches it (token auth on).
+  leaves no process behind; the foreign cluster still runs, and an explicit address reaches it with the token
+  found on this machine (no ``RAY_AUTH_MODE`` needed), or says in one line how to provide a missing one.
 """
 
 from __future__ import annotations
@@ -336,6 +337,28 @@ def foreign_cluster():
         shutil.rmtree(temp, ignore_errors=True)
 
 
+_JOIN = """
+import sys, time
+from attacks.ray_farm import RayOptions, ray_session
+from foundation.errors import UserError
+t0 = time.monotonic()
+try:
+    with ray_session(RayOptions(address=sys.argv[1])) as session:
+        import ray
+        print("cpus", int(ray.cluster_resources()["CPU"]), session.where)
+except UserError as exc:
+    print("error", round(time.monotonic() - t0, 1), exc)
+"""
+
+
+def _join_in_a_new_process(address: str, *, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-c", _JOIN, address], env=env, capture_output=True, text=True,
+                          timeout=120)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, done.stderr[-2000:]
+    return lines[-1]
+
+
 @pytest.mark.slow
 def test_a_live_foreign_cluster_is_left_alone_unless_named(foreign_cluster, tmp_path: Path, monkeypatch) -> None:
     if ray.is_initialized():
@@ -353,10 +376,19 @@ def test_a_live_foreign_cluster_is_left_alone_unless_named(foreign_cluster, tmp_
     assert farm.index["ray_address"] == "local (127.0.0.1)"
     assert _max_diff(_weights(farm), _weights(batched)) < 1e-6
     assert not ray.is_initialized()
-    # the foreign cluster still runs, and reaching it takes naming it (its token is found as ray.init finds it)
+    # the foreign cluster still runs, and reaching it takes naming it
     monkeypatch.delenv("RAY_ADDRESS")
     with ray_session(RayOptions(address=address)) as session:
         assert ray.cluster_resources().get("CPU") == 3 and session.where == address
     assert not ray.is_initialized()
+    # a fresh process without RAY_AUTH_MODE: the token in ~/.ray is sent to an explicit address as to auto; with
+    # no token anywhere, one line says how to provide it
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    joined = _join_in_a_new_process(address, env=clean)
+    assert joined == f"cpus 3 {address}"
+    refused = _join_in_a_new_process(address, env={**clean, "HOME": str(tmp_path / "home")})
+    assert refused.startswith("error ") and float(refused.split()[1]) < CONTRACT_S
+    assert "requires token authentication and no token was found here" in refused
+    assert "RAY_AUTH_MODE=token" in refused and "~/.ray/auth_token" in refused
     index = json.loads((run / "shadows" / "index.json").read_text())
     assert index["ray_address"] == "local (127.0.0.1)" and np.isfinite(index["train_seconds"])
