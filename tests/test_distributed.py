@@ -336,3 +336,17 @@ def test_kill_one_rank_then_resume_ends_like_the_uninterrupted_run(two_rank_run:
     assert _privacy(run) == _privacy(two_rank_run)
     a, b = _weights(run), _weights(two_rank_run)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_a_multi_node_launch_without_an_endpoint_is_refused_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from audit.cli import main
+
+    config = _config(tmp_path, "nodes")
+    for extra, message in ((["--nnodes", "2"], "nnodes=2 needs an endpoint HOST:PORT"),
+                           (["--rdzv-endpoint", "node0"], "endpoint must be HOST:PORT")):
+        res = CliRunner().invoke(main, ["train", str(config), "--nproc", "2", *extra])
+        assert res.exit_code == 2, res.output
+        assert message in res.output and "--rdzv-endpoint node0:29400" in res.output
+        assert not (tmp_path / "nodes").exists()  # refused before anything was launched or written
