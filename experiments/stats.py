@@ -9,7 +9,13 @@ One home, so that "pooled SD", "p" and "reproduced" mean the same thing in every
   interval of the difference of means;
 * :func:`holm`, :func:`bonferroni`: family-wise corrections of p-values, needed whenever a best-of choice
   (e.g. the best of three budget splits) or several comparisons are made on the same data;
-* :func:`verdict`: "reproduced" only when the (corrected) test rejects in the paper's direction;
+* :func:`verdict`, :func:`compare`: the two-sided rule: "reproduced" when the (corrected, two-sided) test rejects
+  in the paper's direction, "not reproduced" when it rejects in the other, "inconclusive" otherwise;
+* :func:`tost`, :func:`equivalence_verdict`, :func:`all_equivalent`: where a paper claims *sameness* (two
+  settings give near-identical results), a difference test that fails to reject proves nothing. Two one-sided
+  tests (Schuirmann 1987) against a stated margin δ: "reproduced" (equivalent) when the 1 − 2α interval of the
+  difference lies inside (−δ, δ), "not reproduced" when the difference is shown to exceed δ (a one-sided test
+  of |diff| > δ rejects), "inconclusive" otherwise;
 * :func:`chance_test`: accuracy against chance (binomial), to flag arms that learned next to nothing;
 * :func:`linear_fit`: least squares with its degrees of freedom, R² and the slope's standard error.
 
@@ -19,6 +25,9 @@ One home, so that "pooled SD", "p" and "reproduced" mean the same thing in every
 [0.03, 0.06, 0.06]
 >>> verdict(diff=+1.5, p=0.01), verdict(diff=+1.5, p=0.2), verdict(diff=-1.5, p=0.01)
 ('reproduced', 'inconclusive', 'not reproduced')
+>>> r = tost([1.00, 1.01, 0.99, 1.00], [1.00, 0.99, 1.01, 1.01], margin=0.05)
+>>> equivalence_verdict(r), round(r.diff, 4)
+('reproduced', -0.0025)
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["ALPHA", "mean_sd", "fmt_mean_sd", "fmt_p", "pooled_sd", "WelchResult", "welch", "welch_from_summary",
-           "holm", "bonferroni", "verdict", "mean_ci", "ChanceResult", "chance_test", "LinearFit", "linear_fit"]
+           "holm", "bonferroni", "verdict", "Comparison", "compare", "EquivalenceResult", "tost",
+           "tost_from_summary", "equivalence_verdict", "all_equivalent", "mean_ci", "ChanceResult", "chance_test", "LinearFit", "linear_fit"]
 
 #: the significance level of every verdict in the seed-paper tables
 ALPHA = 0.05
@@ -182,6 +192,139 @@ def verdict(*, diff: float, p: float, alpha: float = ALPHA) -> str:
     if not (math.isfinite(diff) and math.isfinite(p)) or p >= alpha or diff == 0:
         return "inconclusive"
     return "reproduced" if diff > 0 else "not reproduced"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The two-sided rule applied to mean(a) − mean(b), the paper's direction being a > b: the Welch test, its
+    p-value corrected over ``family`` comparisons (Bonferroni), and the verdict."""
+
+    welch: WelchResult
+    family: int
+    p_corrected: float
+    verdict: str
+
+
+def compare(a: Sequence[float], b: Sequence[float], *, family: int = 1, alpha: float = ALPHA) -> Comparison | None:
+    """Two-sided Welch test of mean(a) − mean(b) with the paper claiming a > b: "reproduced" when the corrected p
+    is below ``alpha`` and a > b, "not reproduced" when it is below ``alpha`` and a < b (the data show the
+    opposite), "inconclusive" otherwise. None when a group has fewer than 2 values.
+
+    Raises:
+        ValueError: ``family`` below 1.
+
+    >>> compare([5.0, 5.2, 4.9], [3.0, 3.1, 2.8]).verdict, compare([3.0, 3.1, 2.8], [5.0, 5.2, 4.9]).verdict
+    ('reproduced', 'not reproduced')
+    """
+    if family < 1:
+        raise ValueError(f"family must be >= 1 (the comparisons made on the same data), got {family}")
+    r = welch(a, b)
+    if r is None:
+        return None
+    p = min(1.0, r.p * family)
+    return Comparison(r, int(family), p, verdict(diff=r.diff, p=p, alpha=alpha))
+
+
+@dataclass(frozen=True)
+class EquivalenceResult:
+    """Two one-sided Welch tests of |mean(a) − mean(b)| < margin.
+
+    Attributes:
+        diff: mean(a) − mean(b).
+        margin: the equivalence margin δ (> 0), in the values' units.
+        p_equivalent: the TOST p-value, max of the two one-sided p's (H0: diff ≤ −δ, H0: diff ≥ δ); below α,
+            equivalence is shown.
+        p_beyond: the one-sided p of H0: |diff| ≤ δ against "diff beyond δ" on the side the estimate lies (below
+            α, the difference is shown to exceed the margin).
+        ci_low, ci_high: the 1 − 2α Welch interval of the difference (inside (−δ, δ) ⇔ p_equivalent < α).
+        df: Welch–Satterthwaite degrees of freedom.
+    """
+
+    diff: float
+    margin: float
+    p_equivalent: float
+    p_beyond: float
+    ci_low: float
+    ci_high: float
+    df: float
+    alpha: float
+    n_a: int
+    n_b: int
+
+    def describe(self, scale: float = 1.0, fmt: str = ".3f") -> str:
+        """``"TOST, margin ±δ: diff .., 90 % CI [.., ..], p(equivalent) = .., p(beyond margin) = .., n = a vs b"``."""
+        level = round(100 * (1 - 2 * self.alpha))
+        return (f"TOST, margin ±{self.margin * scale:{fmt}}: diff {self.diff * scale:+{fmt}}, {level} % CI "
+                f"[{self.ci_low * scale:{fmt}}, {self.ci_high * scale:{fmt}}], p(equivalent) "
+                f"{fmt_p(self.p_equivalent)[2:]}, p(beyond the margin) {fmt_p(self.p_beyond)[2:]}, "
+                f"n = {self.n_a}/{self.n_b}")
+
+
+def tost(a: Sequence[float], b: Sequence[float], *, margin: float, alpha: float = ALPHA) -> EquivalenceResult | None:
+    """Schuirmann's two one-sided tests, Welch form, of mean(a) − mean(b) inside (−margin, margin); None when a
+    group has fewer than 2 values.
+
+    Raises:
+        ValueError: ``margin`` not a positive finite number, or ``alpha`` outside (0, 0.5).
+    """
+    (ma, sa, na), (mb, sb, nb) = mean_sd(a), mean_sd(b)
+    if na < 2 or nb < 2:
+        return None
+    return tost_from_summary(ma, sa, na, mb, sb, nb, margin=margin, alpha=alpha)
+
+
+def tost_from_summary(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int, *, margin: float,
+                      alpha: float = ALPHA) -> EquivalenceResult:
+    """:func:`tost` from each group's mean, sample SD and size.
+
+    Raises:
+        ValueError: a bad margin or alpha, a group of fewer than 2, or a negative SD.
+    """
+    from scipy import stats
+
+    if not (math.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin must be a positive number (the largest difference still called equivalent), "
+                         f"got {margin}")
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
+    w = welch_from_summary(mean_a, sd_a, n_a, mean_b, sd_b, n_b, level=1 - 2 * alpha)
+    d = w.diff
+    if sd_a == 0 and sd_b == 0:  # no spread: the difference is known exactly
+        inside = abs(d) < margin
+        return EquivalenceResult(d, float(margin), 0.0 if inside else 1.0, 0.0 if abs(d) > margin else 1.0,
+                                 d, d, w.df, float(alpha), w.n_a, w.n_b)
+    se = math.sqrt(sd_a ** 2 / n_a + sd_b ** 2 / n_b)
+    p_low = float(stats.t.sf((d + margin) / se, w.df))   # H0: diff <= -margin
+    p_high = float(stats.t.cdf((d - margin) / se, w.df))  # H0: diff >= +margin
+    p_beyond = float(min(stats.t.sf((d - margin) / se, w.df), stats.t.cdf((d + margin) / se, w.df)))
+    return EquivalenceResult(d, float(margin), max(p_low, p_high), p_beyond, w.ci_low, w.ci_high, w.df,
+                             float(alpha), w.n_a, w.n_b)
+
+
+def equivalence_verdict(r: EquivalenceResult | None, *, family: int = 1) -> str:
+    """The equivalence rule: "reproduced" when equivalence is shown (p_equivalent < α), "not reproduced" when the
+    difference is shown to exceed the margin (p_beyond × ``family`` < α, Bonferroni over the pairs of which any
+    one would refute the claim), "inconclusive" otherwise (including None: too few values).
+
+    >>> far = tost([0.0, 0.1, -0.1, 0.05], [1.0, 1.1, 0.9, 1.05], margin=0.2)
+    >>> equivalence_verdict(far)
+    'not reproduced'
+    """
+    if r is None:
+        return "inconclusive"
+    if r.p_equivalent < r.alpha:
+        return "reproduced"
+    return "not reproduced" if r.p_beyond * family < r.alpha else "inconclusive"
+
+
+def all_equivalent(results: Sequence[EquivalenceResult | None]) -> str:
+    """A claim of sameness over several pairs (e.g. every ε against non-DP): "reproduced" only when every pair is
+    shown equivalent (an intersection-union test: each at α, no correction needed), "not reproduced" when some
+    pair is shown to differ by more than the margin (Bonferroni over the pairs), "inconclusive" otherwise."""
+    vs = [equivalence_verdict(r, family=len(results)) for r in results]
+    if vs and all(v == "reproduced" for v in vs):
+        return "reproduced"
+    return "not reproduced" if "not reproduced" in vs else "inconclusive"
 
 
 def mean_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float]:

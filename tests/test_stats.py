@@ -126,3 +126,82 @@ def test_three_point_fits_have_one_dof_and_r2_at_least_three_quarters_when_monot
         assert linear_fit([0, 1, 2], np.log(y)).r_squared >= 0.75 - 1e-12
         assert fit_geometric_decay(list(y)).dof == 1
     assert linear_fit([0, 1, 2], [0.0, 0.0, 1.0]).r_squared == pytest.approx(0.75)
+
+
+# --- the two-sided rule and the equivalence rule (issue 36), on synthetic data with a known answer ---
+
+def test_compare_is_two_sided_and_says_not_reproduced_when_the_data_show_the_opposite():
+    from experiments.stats import compare
+
+    rng = np.random.default_rng(1)
+    paper_dir = compare(list(rng.normal(1.0, 0.1, 6)), list(rng.normal(0.0, 0.1, 6)))
+    opposite = compare(list(rng.normal(0.0, 0.1, 6)), list(rng.normal(1.0, 0.1, 6)))
+    noise = compare(list(rng.normal(0.0, 1.0, 3)), list(rng.normal(0.1, 1.0, 3)))
+    assert (paper_dir.verdict, opposite.verdict, noise.verdict) == ("reproduced", "not reproduced", "inconclusive")
+    # the p is two-sided (scipy's) before the correction, and the correction can turn a verdict inconclusive
+    a, b = [1.0, 1.3, 0.8, 1.1], [0.6, 0.9, 0.4, 0.7]
+    ref = sps.ttest_ind(a, b, equal_var=False).pvalue
+    one, five = compare(a, b), compare(a, b, family=5)
+    assert one.p_corrected == pytest.approx(ref) and five.p_corrected == pytest.approx(min(1.0, 5 * ref))
+    assert one.verdict == "reproduced" and ref < 0.05 < 5 * ref and five.verdict == "inconclusive"
+    assert compare([1.0], [2.0, 3.0]) is None
+    with pytest.raises(ValueError, match="family"):
+        compare(a, b, family=0)
+
+
+def _tost_reference(a, b, margin, alpha=0.05):
+    """TOST the slow way: the two one-sided Welch tests by scipy against shifted data (a − δ and a + δ)."""
+    a = np.asarray(a, float)
+    lower = sps.ttest_ind(a + margin, b, equal_var=False, alternative="greater").pvalue  # H0: diff <= -δ
+    upper = sps.ttest_ind(a - margin, b, equal_var=False, alternative="less").pvalue     # H0: diff >= +δ
+    return max(lower, upper)
+
+
+def test_tost_matches_two_shifted_one_sided_scipy_tests_and_its_interval():
+    from experiments.stats import tost
+
+    rng = np.random.default_rng(2)
+    for _ in range(25):
+        a = rng.normal(0, rng.uniform(0.2, 1), size=rng.integers(3, 9))
+        b = rng.normal(rng.uniform(-0.5, 0.5), rng.uniform(0.2, 1), size=rng.integers(3, 9))
+        margin = rng.uniform(0.1, 1.0)
+        r = tost(list(a), list(b), margin=margin)
+        assert r.p_equivalent == pytest.approx(_tost_reference(a, b, margin))
+        ci = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.90)
+        assert (r.ci_low, r.ci_high) == pytest.approx((ci.low, ci.high))
+        # equivalence shown exactly when the 90 % interval lies inside the margin
+        assert (r.p_equivalent < 0.05) == (-margin < r.ci_low and r.ci_high < margin)
+
+
+def test_equivalence_rule_on_synthetic_data_equivalent_different_and_undecided():
+    from experiments.stats import all_equivalent, equivalence_verdict, tost
+
+    rng = np.random.default_rng(3)
+    same = tost(list(rng.normal(0.83, 0.005, 8)), list(rng.normal(0.83, 0.005, 8)), margin=0.02)
+    far = tost(list(rng.normal(0.80, 0.005, 8)), list(rng.normal(0.86, 0.005, 8)), margin=0.02)
+    noisy = tost(list(rng.normal(0.83, 0.05, 3)), list(rng.normal(0.83, 0.05, 3)), margin=0.02)
+    assert equivalence_verdict(same) == "reproduced"          # the claim of sameness holds
+    assert equivalence_verdict(far) == "not reproduced"       # the difference exceeds the margin
+    assert equivalence_verdict(noisy) == "inconclusive"       # too noisy to say either
+    # a difference test would call 'same' nothing at all: failing to reject is not equivalence
+    assert welch(list(rng.normal(0.83, 0.05, 3)), list(rng.normal(0.83, 0.05, 3))).p > 0.05
+    # a significant but tiny difference, inside the margin, is still equivalent
+    a, b = [1.000, 1.001, 1.002, 1.001, 1.000], [1.010, 1.011, 1.012, 1.011, 1.010]
+    assert welch(a, b).p < 0.001 and equivalence_verdict(tost(a, b, margin=0.05)) == "reproduced"
+    assert all_equivalent([same, same]) == "reproduced"
+    assert all_equivalent([same, noisy]) == "inconclusive"    # every pair must be shown equivalent
+    assert all_equivalent([same, far]) == "not reproduced"
+    assert equivalence_verdict(None) == "inconclusive" and tost([1.0], [1.0, 2.0], margin=1) is None
+
+
+def test_tost_bad_input_and_exact_groups():
+    from experiments.stats import tost
+
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="margin"):
+            tost([1.0, 2.0], [1.0, 2.0], margin=bad)
+    with pytest.raises(ValueError, match="alpha"):
+        tost([1.0, 2.0], [1.0, 2.0], margin=1.0, alpha=0.5)
+    exact_in, exact_out = tost([1.0, 1.0], [1.1, 1.1], margin=0.2), tost([1.0, 1.0], [1.5, 1.5], margin=0.2)
+    assert (exact_in.p_equivalent, exact_in.p_beyond) == (0.0, 1.0)
+    assert (exact_out.p_equivalent, exact_out.p_beyond) == (1.0, 0.0)
