@@ -69,7 +69,8 @@ def safe_load_yaml(text: str | bytes) -> Any:
         raise yaml.YAMLError("nested too deeply to be a config") from None
 
 
-#: The configs shipped with this installation (the repository's ``eval_configs/``).
+#: The configs shipped with this installation: ``eval_configs/`` beside the packages, in a checkout and in an
+#: installed wheel alike (pyproject ships it as the data package ``eval_configs``: every ``*.yaml`` under it).
 SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "eval_configs"
 
 

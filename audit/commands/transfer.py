@@ -9,9 +9,10 @@ import click
 from audit.transfer.runner import evaluate_transfer
 from audit.transfer.suite import load_suite
 from audit.transfer.summary import SUMMARY_COLUMNS, summary_rows
+from foundation.config_io import SHIPPED_CONFIGS
 
-#: The bundled default suite, found from the package (not the current directory).
-DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "eval_configs" / "transfer" / "default.yaml"
+#: The default suite shipped with this installation (a checkout's or a wheel's), not the current directory's.
+DEFAULT_SUITE = SHIPPED_CONFIGS / "transfer" / "default.yaml"
 
 
 @click.command(name="transfer")
