@@ -172,3 +172,44 @@ def test_bad_arguments_are_refused():
                     max_grad_norm=1, expected_batch_size=4, generator=torch.Generator())
     with pytest.raises(ValueError, match="no secure mode"):
         DevicePoissonSampler(n=10, sample_rate=0.5, seed=None)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_equals_the_eager_one():
+    """``compile`` traces the fixed-shape chunk with torch.compile (``aot_eager`` here: the capture without code
+    generation, seconds on a CPU; the GPU run uses inductor): same sums over two steps, no fallback."""
+    x, y = data()
+    _, idx, valid = batch()
+    warnings = []
+    runs = {}
+    for mode in ("off", "default"):
+        model = tiny_cnn()
+        params = [p for p in model.parameters() if p.requires_grad]
+        f = FusedDPStep(model, optimizer=torch.optim.SGD(params, lr=1.0), noise_multiplier=0.5, max_grad_norm=C,
+                        expected_batch_size=B, generator=torch.Generator().manual_seed(3), physical_batch_size=8,
+                        compile=mode, compile_backend="aot_eager", warn=warnings.append)
+        before = [p.detach().clone() for p in model.parameters()]
+        f.step(x[idx], y[idx], valid)
+        f.step(x[idx.flip(0)], y[idx.flip(0)], valid.flip(0))
+        runs[mode] = (update(before, model), f.stats())
+    assert not warnings
+    for a, b in zip(runs["off"][0], runs["default"][0]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)
+    assert runs["off"][1] == pytest.approx(runs["default"][1], rel=1e-6)
+
+
+def test_a_compiled_step_that_fails_falls_back_to_eager_once():
+    model = tiny_cnn()
+    warnings = []
+    f = fused(model, clipping="flat", sigma=0.0, seed=0)
+    f._warn = warnings.append
+
+    def broken(*args):
+        raise RuntimeError("no compiler")
+
+    f._chunk = broken
+    x, y = data()
+    _, idx, valid = batch()
+    sums = f.clipped_sums(x[idx], y[idx], valid)
+    ref = fused(tiny_cnn(), clipping="flat", sigma=0.0, seed=0).clipped_sums(x[idx], y[idx], valid)
+    assert all(torch.equal(a, b) for a, b in zip(sums, ref)) and len(warnings) == 1 and "eagerly" in warnings[0]

@@ -144,6 +144,7 @@ class FusedDPStep:
         loss_fn: ``(logits, targets) -> per-example losses``; default cross-entropy.
         compile: one of :data:`COMPILE_MODES` (``torch.compile`` of the per-chunk function; ``reduce-overhead``
             adds CUDA graphs). Any failure falls back to eager with a warning through ``warn``.
+        compile_backend: ``torch.compile``'s backend (``inductor``; the CPU tests trace with ``aot_eager``).
         debug_disable_noise: TEST ONLY: no noise (breaks DP on purpose).
 
     Raises:
@@ -154,7 +155,8 @@ class FusedDPStep:
                  max_grad_norm: float, expected_batch_size: float, generator: torch.Generator,
                  clipping: str = "flat", gamma: float = 0.01, physical_batch_size: int = 256,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, compile: str = "off",
-                 warn: Callable[[str], None] | None = None, debug_disable_noise: bool = False) -> None:
+                 compile_backend: str = "inductor", warn: Callable[[str], None] | None = None,
+                 debug_disable_noise: bool = False) -> None:
         if clipping not in ("flat", "automatic"):
             raise ValueError(f"clipping must be 'flat' or 'automatic' for the fused step, got {clipping!r}")
         if compile not in COMPILE_MODES:
@@ -178,12 +180,15 @@ class FusedDPStep:
         self._stats = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, n, clipped, norm sum
         self._overflow = torch.zeros((), dtype=torch.int64, device=device)
         self._chunk = self._chunk_eager
+        self._warn = warn or (lambda m: None)
+        self._compiled_ran = False
         if compile != "off":
             try:
-                self._chunk = torch.compile(self._chunk_eager, mode=None if compile == "default" else compile,
-                                            dynamic=False)
+                self._chunk = torch.compile(self._chunk_eager, backend=compile_backend, dynamic=False,
+                                            mode=None if compile == "default" or compile_backend != "inductor"
+                                            else compile)
             except Exception as exc:  # noqa: BLE001 - an optional optimisation falls back
-                (warn or (lambda m: None))(f"fused DP step: torch.compile failed ({exc!r}); running eagerly")
+                self._warn(f"fused DP step: torch.compile failed ({exc!r}); running eagerly")
 
     # ---------------------------------------------------------------------------------------------- pieces
 
@@ -222,7 +227,16 @@ class FusedDPStep:
         total: list[Tensor] | None = None
         for start in range(0, len(y), self.physical_batch_size):
             stop = start + self.physical_batch_size
-            sums, stats = self._chunk(params, buffers, x[start:stop], y[start:stop], valid[start:stop])
+            args = (params, buffers, x[start:stop], y[start:stop], valid[start:stop])
+            try:
+                sums, stats = self._chunk(*args)
+            except Exception as exc:  # noqa: BLE001 - compilation happens at the first call: fall back once
+                if self._chunk is self._chunk_eager or self._compiled_ran:
+                    raise
+                self._warn(f"fused DP step: the compiled step failed ({type(exc).__name__}); running eagerly")
+                self._chunk = self._chunk_eager
+                sums, stats = self._chunk(*args)
+            self._compiled_ran = self._chunk is not self._chunk_eager
             total = list(sums) if total is None else [a + b for a, b in zip(total, sums)]
             self._stats += stats
         if total is None:
