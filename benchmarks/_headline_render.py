@@ -132,7 +132,7 @@ def _table(s: dict | None) -> list[str]:
         out.append(f"| {r['model']} | {r['mode']} | {r['ms']:.1f} | {'n/a' if ratio is None else f'{ratio:.2f}'} | "
                    f"{_pct(r.get('busy'))} | {_bytes(r.get('peak_bytes'))} |")
     return out + ["", "hooks / ghost / bk: the Opacus-based stepper (`privacy.grad_sample_mode`); fused: the "
-                  "fixed-shape step of `training.dp.fused` (torch.func per-example gradients, device-side statistics; "
+                  "fixed-shape step of `grad_sample_mode: fused` (torch.func per-example gradients, one transfer per step; "
                   "+compile: `torch.compile`).", ""]
 
 

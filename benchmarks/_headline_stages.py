@@ -316,10 +316,12 @@ def _busy(device: torch.device, fn, steps: int) -> float | None:
 
 
 def _step_fn(mode: str, model_cfg: dict, settings: dict, device: torch.device):
-    """A zero-argument function taking one training step of ``mode`` on a fixed device batch."""
+    """A zero-argument function taking one training step of ``mode`` on a fixed device batch, through the
+    product's stepper (:func:`training.dp.engine.make_stepper`); ``fused`` pads to the batch itself (the Poisson
+    capacity's padding is the run's, not the step's), ``fused+compile`` adds ``training.compile``."""
+    from training.accel import Accel
     from training.config import ModelConfig, OptimConfig
     from training.dp.engine import make_stepper
-    from training.dp.fused import FusedDPStep
     from training.dp.recipe import TrainRecipe
     from training.models import build_model
 
@@ -328,20 +330,16 @@ def _step_fn(mode: str, model_cfg: dict, settings: dict, device: torch.device):
     model = build_model(cfg, num_classes=10, input_shape=(3, side, side), seed=0).module.to(device)
     x = torch.rand(b, 3, side, side, device=device)
     y = torch.randint(0, 10, (b,), device=device)
-    if mode.startswith("fused"):
-        params = [p for p in model.parameters() if p.requires_grad]
-        f = FusedDPStep(model, optimizer=torch.optim.SGD(params, lr=0.01), noise_multiplier=1.0, max_grad_norm=1.0,
-                        expected_batch_size=b, generator=torch.Generator(device=device),
-                        physical_batch_size=settings["table_physical"].get(model_cfg["arch"], b),
-                        compile="default" if mode == "fused+compile" else "off")
-        valid = torch.ones(b, dtype=torch.bool, device=device)
-        return lambda: f.step(x, y, valid)
     dp = mode != "non-DP"
+    grad_mode = "fused" if mode.startswith("fused") else (mode if dp else "hooks")
+    physical = settings["table_physical"].get(model_cfg["arch"], b) if grad_mode == "fused" else b
     recipe = TrainRecipe(steps=10 ** 6, batch_size=b, optim=OptimConfig(name="sgd", lr=0.01), dp=dp,
-                         noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode if dp else "hooks",
-                         physical_batch_size=b)
+                         noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=grad_mode,
+                         physical_batch_size=physical)
     st = make_stepper(model=model, recipe=recipe, sample_rate=0.01, generator=torch.Generator(device=device),
-                      device=device)
+                      device=device, accel=Accel(compile=mode == "fused+compile"))
+    if grad_mode == "fused":
+        st.capacity = b
     return lambda: st.step(x, y)
 
 

@@ -213,3 +213,104 @@ def test_a_compiled_step_that_fails_falls_back_to_eager_once():
     sums = f.clipped_sums(x[idx], y[idx], valid)
     ref = fused(tiny_cnn(), clipping="flat", sigma=0.0, seed=0).clipped_sums(x[idx], y[idx], valid)
     assert all(torch.equal(a, b) for a, b in zip(sums, ref)) and len(warnings) == 1 and "eagerly" in warnings[0]
+
+
+# ------------------------------------------------------------------ grad_sample_mode: fused in the stepper
+
+
+def _stepper(mode, *, clipping="flat", sigma=0.8, seed=4, canaries=None, **kw):
+    recipe = TrainRecipe(steps=100, batch_size=B, optim=OptimConfig(name="sgd", lr=0.5, momentum=0.9), dp=True,
+                         noise_multiplier=sigma, max_grad_norm=C, clipping=clipping, grad_sample_mode=mode,
+                         auto_gamma=0.01, physical_batch_size=4, **kw)
+    return make_stepper(model=tiny_cnn(), recipe=recipe, sample_rate=B / N,
+                        generator=torch.Generator().manual_seed(seed), device="cpu", gradient_canaries=canaries)
+
+
+@pytest.mark.parametrize("clipping", ["flat", "automatic"])
+def test_fused_mode_steps_like_the_hooks_stepper_over_several_steps(clipping):
+    from training.config import AugmentConfig
+    from training.dp.rng import augment_generator, seed_noise
+
+    x, y = data()
+    sampler = make_sampler(sampling="poisson", n=N, batch_size=B, seed=2)
+    augment = AugmentConfig(crop_padding=1, flip=True)
+    runs = {}
+    for mode in ("hooks", "fused"):
+        canaries = GradientCanaries.for_model(tiny_cnn(), count=8, seed=1)
+        st = _stepper(mode, clipping=clipping, canaries=canaries, augment=augment)
+        stats = []
+        for t in range(4):
+            idx = torch.as_tensor(sampler.indices(t))
+            seed_noise(st.generator, 9, t)
+            stats.append(st.step(x[idx], y[idx], augment_generator=augment_generator(9, t)))
+        runs[mode] = ([p.detach().clone() for p in st.close().parameters()], stats, st.precision)
+    for a, b in zip(runs["hooks"][0], runs["fused"][0]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    for s, f in zip(runs["hooks"][1], runs["fused"][1]):
+        assert (s.batch_size, s.canaries_added, s.lr) == (f.batch_size, f.canaries_added, f.lr)
+        for k in ("loss", "clipped_fraction", "grad_norm_mean", "grad_norm_median", "noise_std"):
+            assert getattr(f, k) == pytest.approx(getattr(s, k), rel=1e-5, abs=1e-9), k
+    assert runs["fused"][2] == "fp32"
+
+
+def test_fused_mode_takes_the_noise_only_step_of_an_empty_batch_and_oversized_batches():
+    x, y = data()
+    ref, st = _stepper("hooks"), _stepper("fused")
+    assert st.capacity < N  # the Poisson tail bound for n = 40, q = 0.25
+    for s in (ref, st):
+        s.step(x[:0], y[:0])
+    st_big = _stepper("fused")
+    ref_big = _stepper("hooks")
+    ref_big.step(x, y)
+    st_big.step(x, y)  # the whole pool: above the capacity, one larger step
+    assert st_big.oversized_steps == 1
+    for a, b in zip(ref.base_model.parameters(), st.base_model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)
+    for a, b in zip(ref_big.base_model.parameters(), st_big.base_model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kw, match", [({"clipping": "per_layer"}, "per_layer"),
+                                       ({"secure_mode": True}, "secure_mode")])
+def test_fused_mode_refuses_what_it_does_not_implement(kw, match):
+    from foundation.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        _stepper("fused", **kw)
+
+
+def test_audit_train_under_fused_equals_hooks_weights_accounting_and_canary_scores(tmp_path):
+    """A whole DP run (Poisson sampling, σ calibrated to ε, augmentation, gradient canaries) under fused and under
+    hooks: the same weights, the same ε and the same one-run canary evidence."""
+    from safetensors.torch import load_file
+
+    from audit.bounds.sources import gradient_canary_evidence
+    from foundation.files import WEIGHTS_FILE
+    from training.config import TrainConfig
+    from training.run import open_run
+    from training.trainer import train
+
+    runs = {}
+    for mode in ("hooks", "fused"):
+        cfg = TrainConfig.model_validate({
+            "name": mode, "output_dir": str(tmp_path),
+            "data": {"dataset": "synthetic", "split": "train:n=64,classes=3,size=8",
+                     "test_split": "test:n=30,classes=3,size=8"},
+            "model": {"arch": "small_cnn", "kwargs": {"channels": [4, 8]}},
+            "privacy": {"target_epsilon": 4.0, "delta": 1e-3, "grad_sample_mode": mode},
+            "optim": {"name": "sgd", "lr": 0.5},
+            "training": {"steps": 5, "batch_size": 8, "physical_batch_size": 8, "progress": False, "seed": 3,
+                         "augment": {"crop_padding": 1, "flip": True},
+                         "gradient_canaries": {"count": 20, "seed": 1}}})
+        result = train(cfg, progress=False)
+        run = open_run(result.run_dir)
+        runs[mode] = (load_file(result.run_dir / WEIGHTS_FILE), result.manifest,
+                      gradient_canary_evidence(run=run).scores)
+    (wh, mh, sh), (wf, mf, sf) = runs["hooks"], runs["fused"]
+    assert sorted(wh) == sorted(wf)
+    for k in wh:
+        assert torch.allclose(wh[k], wf[k], atol=1e-5, rtol=0), k
+    assert mh.privacy.epsilon == mf.privacy.epsilon and mh.privacy.phases[0].noise_multiplier == \
+        mf.privacy.phases[0].noise_multiplier
+    assert mf.privacy.phases[0].grad_sample_mode == "fused"
+    assert np.allclose(sh, sf, atol=1e-4)

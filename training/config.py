@@ -178,7 +178,7 @@ class PrivacyConfig(Strict):
     auto_gamma: float = Field(0.01, gt=0.0, description="gamma in automatic clipping g/(||g||+gamma)")
     sampling: Literal["poisson", "shuffle"] = "poisson"
     accountant: Literal["prv", "rdp", "pld"] = "prv"
-    grad_sample_mode: Literal["hooks", "functorch", "ghost", "bk"] = "hooks"
+    grad_sample_mode: Literal["hooks", "functorch", "ghost", "bk", "fused"] = "hooks"
     secure_mode: bool = False
 
     @model_validator(mode="after")

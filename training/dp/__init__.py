@@ -11,7 +11,10 @@ Building blocks (each in its own module):
 * :mod:`training.dp.optim` — :func:`build_optimizer` and :func:`trainable_names` (the noise order);
 * :mod:`training.dp.schedules` — :func:`lr_at`, the learning rate as a pure function of the step;
 * :mod:`training.dp.clipping`, :mod:`training.dp.canaries`, :mod:`training.dp.state`;
-* :mod:`training.dp.bk` and :mod:`training.dp.bk_layers` — book-keeping clipping (``grad_sample_mode: bk``).
+* :mod:`training.dp.bk` and :mod:`training.dp.bk_layers` — book-keeping clipping (``grad_sample_mode: bk``);
+* :mod:`training.dp.fused` and :mod:`training.dp.fused_stepper` — the fixed-shape step that keeps a GPU busy
+  (``grad_sample_mode: fused``: device-side padded batches, torch.func per-example gradients, one transfer a
+  step, ``torch.compile`` with ``training.compile``), equal to the Opacus path's arithmetic.
 
 Engines: :func:`training.dp.engine.make_stepper` (Opacus: every clipping style, one model, physical chunks)
 and :mod:`training.dp.batched` (torch.func: many small models at once, flat clipping). Both draw their

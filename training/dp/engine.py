@@ -66,6 +66,18 @@ def _dp_incompatible_layers(model: nn.Module) -> tuple[list[nn.Module], list[str
     return frozen, problems
 
 
+def _fused_stepper(*, model, base_opt, recipe, generator, frozen_bn, sample_rate, warn, debug, common) -> Stepper:
+    """``grad_sample_mode: fused`` (:mod:`training.dp.fused_stepper`): the fixed-shape step, compiled when
+    ``training.compile`` is on."""
+    from training.dp.fused_stepper import FusedStepper, capacity_for, check_fused
+
+    check_fused(recipe, common["world"])
+    return FusedStepper(module=model, base_model=model, optimizer=base_opt, generator=generator,
+                        frozen_norm_layers=frozen_bn, warn=warn, debug_disable_noise=debug,
+                        capacity=capacity_for(expected_batch_size=float(recipe.batch_size), sample_rate=sample_rate),
+                        compile="default" if common["accel"].compile else "off", **common)
+
+
 def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, generator: torch.Generator | None,
                  device: torch.device | str, gradient_canaries: GradientCanaries | None = None,
                  loss_fn: LossFn | None = None, input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -92,7 +104,7 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
         world: the ranks that share each logical batch (:mod:`training.distributed`); each rank steps on its
             share, rank 0 alone adds canaries and noise, the sums are all-reduced.
         accel: channels-last, precision and compilation (:mod:`training.accel`); DP steps always run in fp32
-            and are never compiled (Opacus's hooks).
+            and are compiled only under ``grad_sample_mode: fused`` (Opacus's hooks cannot be).
         warn: called with a warning (a failed ``torch.compile``); None: :func:`warnings.warn`.
         _debug_disable_noise: TEST ONLY, never for real runs: skip the Gaussian noise while everything else
             (clipping, canaries, scaling, accounting by the caller) is unchanged. It deliberately breaks DP
@@ -147,6 +159,10 @@ def make_stepper(*, model: nn.Module, recipe: TrainRecipe, sample_rate: float, g
     if problems:
         raise ConfigError(f"the model cannot be trained with DP: {'; '.join(problems[:3])}; replace BatchNorm by "
                           "GroupNorm (model.fix_batchnorm: true) or freeze those layers")
+    if recipe.grad_sample_mode == "fused":
+        return _fused_stepper(model=model, base_opt=base_opt, recipe=recipe, generator=generator, frozen_bn=frozen_bn,
+                              sample_rate=float(sample_rate), warn=warn, debug=bool(_debug_disable_noise),
+                              common=common)
     if recipe.grad_sample_mode in ("hooks", "ghost"):
         inexact = opacus_inexact_layers(model)
         if inexact:

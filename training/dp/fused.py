@@ -204,8 +204,9 @@ class FusedDPStep:
         return fn(params, buffers, x, y)
 
     def _chunk_eager(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
-                     valid: Tensor) -> tuple[list[Tensor], Tensor]:
-        """Clipped sums of one fixed-shape chunk and its statistics [loss sum, n, clipped, norm sum]."""
+                     valid: Tensor) -> tuple[list[Tensor], Tensor, Tensor]:
+        """Clipped sums of one fixed-shape chunk, its statistics [loss sum, n, clipped, norm sum] and its rows'
+        pre-clip norms."""
         grads, losses = self._per_example(params, buffers, x, y)
         g = [grads[n] for n in self.names]
         norms = torch.stack([t.reshape(t.shape[0], -1).norm(2, dim=1) for t in g], dim=1).norm(2, dim=1)
@@ -218,27 +219,31 @@ class FusedDPStep:
         sums = [torch.einsum("i,i...->...", factors.to(t.dtype), t) for t in g]
         stats = torch.stack([(losses.detach() * v).sum(), v.sum(), ((norms > self.max_grad_norm).to(v.dtype) * v).sum(),
                              (norms * v).sum()]).double()
-        return sums, stats
+        return sums, stats, norms.detach()
 
     def clipped_sums(self, x: Tensor, y: Tensor, valid: Tensor) -> list[Tensor]:
-        """Σ_i valid_i · c_i · g_i over the padded batch (one tensor per trainable parameter); adds to the stats."""
+        """Σ_i valid_i · c_i · g_i over the padded batch (one tensor per trainable parameter); adds to the stats.
+        The padded batch's pre-clip per-example norms stay on the device in :attr:`last_norms`."""
         params = {n: p.detach() for n, p in self.model.named_parameters()}
         buffers = dict(self.model.named_buffers())
         total: list[Tensor] | None = None
+        norms: list[Tensor] = []
         for start in range(0, len(y), self.physical_batch_size):
             stop = start + self.physical_batch_size
             args = (params, buffers, x[start:stop], y[start:stop], valid[start:stop])
             try:
-                sums, stats = self._chunk(*args)
+                sums, stats, chunk_norms = self._chunk(*args)
             except Exception as exc:  # noqa: BLE001 - compilation happens at the first call: fall back once
                 if self._chunk is self._chunk_eager or self._compiled_ran:
                     raise
                 self._warn(f"fused DP step: the compiled step failed ({type(exc).__name__}); running eagerly")
                 self._chunk = self._chunk_eager
-                sums, stats = self._chunk(*args)
+                sums, stats, chunk_norms = self._chunk(*args)
             self._compiled_ran = self._chunk is not self._chunk_eager
             total = list(sums) if total is None else [a + b for a, b in zip(total, sums)]
             self._stats += stats
+            norms.append(chunk_norms)
+        self.last_norms = torch.cat(norms) if norms else valid.new_zeros(0, dtype=torch.float32)
         if total is None:
             total = [torch.zeros_like(p) for p in self.params]
         return total
@@ -280,6 +285,12 @@ class FusedDPStep:
         x = images.index_select(0, idx)
         self.step(transform(x) if transform is not None else x, labels.index_select(0, idx), valid,
                   canary_grad=canary_grad, overflow=mask.sum() > sampler.capacity)
+
+    def pop_stats(self) -> Tensor:
+        """The device tensor [loss sum, examples, clipped, norm sum] since the last reset, and reset (no transfer)."""
+        out = self._stats.clone()
+        self._stats.zero_()
+        return out
 
     def stats(self, *, reset: bool = True) -> dict[str, float]:
         """Loss mean, examples, clipped fraction and mean pre-clip norm since the last reset (one transfer)."""

@@ -29,7 +29,7 @@ from foundation.errors import ConfigError
 __all__ = ["TrainRecipe", "training_options"]
 
 Clipping = Literal["flat", "per_layer", "automatic"]
-GradSampleMode = Literal["hooks", "functorch", "ghost", "bk"]
+GradSampleMode = Literal["hooks", "functorch", "ghost", "bk", "fused"]
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -57,8 +57,9 @@ class TrainRecipe:
         clipping: ``flat``, ``per_layer`` or ``automatic`` (see :mod:`training.dp.clipping`).
         auto_gamma: γ > 0 of automatic clipping.
         sampling: ``poisson`` (what the DP analysis assumes) or ``shuffle``.
-        grad_sample_mode: how per-sample gradients are computed: Opacus's ``hooks``, ``functorch``, ``ghost``, or
-            book-keeping ``bk`` (:mod:`training.dp.bk`).
+        grad_sample_mode: how per-sample gradients are computed: Opacus's ``hooks``, ``functorch``, ``ghost``,
+            book-keeping ``bk`` (:mod:`training.dp.bk`), or ``fused`` (the fixed-shape step of
+            :mod:`training.dp.fused_stepper`).
         secure_mode: noise resistant to floating-point attacks, seeds from the OS CSPRNG (see
             :mod:`training.dp.rng`).
         physical_batch_size: most examples whose per-example gradients are held at once (≥ 1).
@@ -103,7 +104,7 @@ class TrainRecipe:
                 raise TypeError(f"TrainRecipe.{name} must be an {kind.__name__}, got "
                                 f"{type(getattr(self, name)).__name__}")
         for name, allowed in (("clipping", ("flat", "per_layer", "automatic")), ("sampling", ("poisson", "shuffle")),
-                              ("grad_sample_mode", ("hooks", "functorch", "ghost", "bk"))):
+                              ("grad_sample_mode", ("hooks", "functorch", "ghost", "bk", "fused"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"TrainRecipe.{name} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, name)!r}")
