@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.device import (empty_cache, is_cuda, on_new_stream, reset_peak_memory, resolve_device,
+                             synchronize)
+
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ("lira_online", "lira_offline", "rmia_offline")
 FPRS = ("0.01", "0.001", "0.0001")
@@ -70,7 +73,7 @@ def _probe_train(settings: dict, device: torch.device, steps: int) -> None:
     side, b = settings["probe_side"], settings["probe_batch"]
     x = torch.rand(b, 3, side, side, device=device).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (b,), device=device)
-    bf16 = device.type == "cuda"
+    bf16 = is_cuda(device)
     for _ in range(steps):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -101,13 +104,8 @@ def concurrency_probe(settings: dict) -> dict:
     rates["sequential"] = w * steps / (time.perf_counter() - t0)
 
     def one():
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if stream is None:
+        with on_new_stream(device):
             _probe_train(settings, device, steps)
-            return
-        with torch.cuda.stream(stream):
-            _probe_train(settings, device, steps)
-        stream.synchronize()
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=one) for _ in range(w)]
@@ -115,8 +113,8 @@ def concurrency_probe(settings: dict) -> dict:
         t.start()
     for t in threads:
         t.join()
-    rates["streams" if device.type == "cuda" else "threads"] = w * steps / (time.perf_counter() - t0)
-    ctx = mp.get_context("spawn" if device.type == "cuda" else "fork")  # fork: CPU only (the smoke run)
+    rates["streams" if is_cuda(device) else "threads"] = w * steps / (time.perf_counter() - t0)
+    ctx = mp.get_context("spawn" if is_cuda(device) else "fork")  # fork: CPU only (the smoke run)
     procs = [ctx.Process(target=_probe_process, args=(settings, 2 + steps)) for _ in range(w)]
     t0 = time.perf_counter()
     for p in procs:
@@ -189,7 +187,7 @@ def _train_references(run_dir: Path, k: int, seed: int, how: str, workers: int, 
 
     _begin_shadows(run_dir, k, seed)
     if how == "processes":
-        method = "spawn" if device != "cpu" else "fork"  # never fork a process that holds CUDA
+        method = "spawn" if is_cuda(resolve_device(device)) else "fork"  # never fork a process holding CUDA
         with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_worker_init,
                                  initargs=(str(run_dir), k, seed, device)) as pool:
             list(pool.map(_train_models, [[i] for i in range(k)]))
@@ -197,11 +195,7 @@ def _train_references(run_dir: Path, k: int, seed: int, how: str, workers: int, 
     _worker_init(str(run_dir), k, seed, device)
     if how in ("streams", "threads"):
         def one(i):
-            if device != "cpu" and torch.cuda.is_available():
-                with torch.cuda.stream(torch.cuda.Stream()):
-                    _train_models([i])
-                torch.cuda.synchronize()
-            else:
+            with on_new_stream(resolve_device(device)):
                 _train_models([i])
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, range(k)))
@@ -300,16 +294,16 @@ def dp_target(settings: dict) -> dict:
 
 def _busy(device: torch.device, fn, steps: int) -> float | None:
     """Share of the wall time of ``steps`` calls of ``fn`` in which the GPU ran kernels (profiler kernel time)."""
-    if device.type != "cuda":
+    if not is_cuda(device):
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
+    synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             fn()
-        torch.cuda.synchronize()
+        synchronize(device)
         wall = time.perf_counter() - t0
     kernel_us = sum(e.self_device_time_total for e in prof.key_averages())
     return min(1.0, kernel_us / 1e6 / wall)
@@ -359,8 +353,7 @@ def step_table(settings: dict) -> dict:
                 for _ in range(settings["table_steps"]):
                     t0 = time.perf_counter()
                     fn()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
+                    synchronize(device)
                     times.append(time.perf_counter() - t0)
                 row["ms"] = 1000 * statistics.median(times[settings["table_warmup"]:])
                 row["busy"] = _busy(device, fn, settings["table_profiled"])
@@ -369,9 +362,8 @@ def step_table(settings: dict) -> dict:
                 row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
+            empty_cache(device)
+            reset_peak_memory(device)
     return {"rows": rows}
 
 

@@ -80,7 +80,7 @@ SMOKE_DATA = ["data.dataset=synthetic", "data.split=train:n=192,classes=4,size=1
 
 def settings_for(args: argparse.Namespace, work: Path) -> dict[str, dict]:
     """Each stage's settings (the GPU sizes, or the toy sizes of ``--smoke``)."""
-    common = {"device": "cpu" if args.smoke else "cuda", "seed": args.seed, "cwd": str(ROOT),
+    common = {"device": "cpu" if args.smoke else "auto", "seed": args.seed, "cwd": str(ROOT),
               "threads": 1 if args.smoke else 4}
     target_dir = work / "headline-target"
     base = [f"output_dir={work}", "training.progress=false", f"training.seed={args.seed}",
@@ -194,21 +194,24 @@ def run_stage(name: str, settings: dict, work: Path, deadline_at: float) -> dict
 def device_line(smoke: bool) -> str:
     import torch
 
-    if torch.cuda.is_available() and not smoke:
-        p = torch.cuda.get_device_properties(0)
-        return f"{p.name} ({p.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, Python {platform.python_version()}"
+    from training.device import device_name, is_cuda, resolve_device, total_memory_bytes
+
+    dev = resolve_device("auto")
+    if is_cuda(dev) and not smoke:
+        return (f"{device_name(dev)} ({total_memory_bytes(dev) / 2**30:.0f} GiB), torch {torch.__version__}, "
+                f"Python {platform.python_version()}")
     return (f"CPU ({os.cpu_count()} cores visible), torch {torch.__version__}, Python {platform.python_version()}: "
             "the --smoke toy run, not GPU figures")
 
 
 def run(args: argparse.Namespace) -> Path:
     """Every stage in order; the table re-written after each. Returns the table's path."""
-    import torch
+    from training.device import is_cuda, resolve_device
 
     out = Path(args.out or (SMOKE_OUT if args.smoke else REFERENCE_OUT))
     if args.smoke and out.resolve() == REFERENCE_OUT.resolve():
         raise ValueError(f"--smoke writes toy CPU figures: not to {REFERENCE_OUT} (use another --out)")
-    if not args.smoke and not torch.cuda.is_available():
+    if not args.smoke and not is_cuda(resolve_device("auto")):
         raise ValueError("gpu_headline.py measures a GPU and none is visible; on a CPU run --smoke")
     if not args.smoke and not (Path(args.data) / "train.npz").is_file():
         raise ValueError(f"--data {args.data} holds no train.npz: run `python3 -m experiments gpu decode` first")

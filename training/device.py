@@ -6,12 +6,16 @@ Every choice of a device, and every question to the CUDA runtime, goes through t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from foundation.errors import ConfigError
 
 __all__ = ["resolve_device", "is_cuda", "rank_device", "bind_rank", "free_memory_bytes", "synchronize",
-           "reset_peak_memory", "peak_memory_bytes", "device_name"]
+           "reset_peak_memory", "peak_memory_bytes", "device_name", "total_memory_bytes", "empty_cache",
+           "on_new_stream"]
 
 _CUDA = "cuda"
 
@@ -86,3 +90,28 @@ def device_name(device: torch.device) -> str:
     'cpu'
     """
     return torch.cuda.get_device_name(device) if is_cuda(device) else device.type
+
+
+def total_memory_bytes(device: torch.device) -> int | None:
+    """The memory of a CUDA ``device`` in bytes (None for other devices)."""
+    return int(torch.cuda.get_device_properties(device).total_memory) if is_cuda(device) else None
+
+
+def empty_cache(device: torch.device) -> None:
+    """Give torch's cached, unused blocks of a CUDA ``device`` back (between benchmark rows); nothing elsewhere."""
+    if is_cuda(device):
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def on_new_stream(device: torch.device) -> Iterator[None]:
+    """Run the block's work on a new CUDA stream of ``device`` (the thread's current stream for the block) and wait
+    for that stream at the end; on other devices the block just runs. For several models trained concurrently from
+    threads of one process."""
+    if not is_cuda(device):
+        yield
+        return
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
