@@ -338,33 +338,37 @@ def _step_fn(mode: str, model_cfg: dict, settings: dict, device: torch.device):
 
 
 def step_table(settings: dict) -> dict:
-    """Stage d: ms per step (median) and GPU busy % of one process, per model and mode."""
+    """Stage d: ms per step (median) and GPU busy % of one process, per model and mode; the compiled rows
+    (``table_compile``: compilation takes long) last. The rows so far are kept after each, for the deadline."""
     device = _device(settings)
-    rows = []
-    for label, model_cfg in settings["table_models"].items():
-        for mode in settings["table_modes"]:
-            if time.time() > settings["deadline_at"] - settings["table_reserve"]:
-                rows.append({"model": label, "mode": mode, "error": "not run: the stage's deadline"})
-                continue
-            row = {"model": label, "mode": mode}
-            try:
-                fn = _step_fn(mode, model_cfg, settings, device)
-                times = []
-                for _ in range(settings["table_steps"]):
-                    t0 = time.perf_counter()
-                    fn()
-                    synchronize(device)
-                    times.append(time.perf_counter() - t0)
-                row["ms"] = 1000 * statistics.median(times[settings["table_warmup"]:])
-                row["busy"] = _busy(device, fn, settings["table_profiled"])
-                row["peak_bytes"] = _peak(device)
-            except Exception as exc:  # a mode that fails is reported, the others still run
-                row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            empty_cache(device)
-            reset_peak_memory(device)
-    return {"rows": rows}
+    out = {"rows": []}
+    todo = [(label, mode) for label in settings["table_models"] for mode in settings["table_modes"]]
+    todo += [(label, "fused+compile") for label in settings.get("table_compile", [])]
+    for label, mode in todo:
+        model_cfg = settings["table_models"][label]
+        if time.time() > settings["deadline_at"] - settings["table_reserve"]:
+            out["rows"].append({"model": label, "mode": mode, "error": "not run: the stage's deadline"})
+            continue
+        row = {"model": label, "mode": mode}
+        try:
+            fn = _step_fn(mode, model_cfg, settings, device)
+            times = []
+            for _ in range(settings["table_steps"]):
+                t0 = time.perf_counter()
+                fn()
+                synchronize(device)
+                times.append(time.perf_counter() - t0)
+            row["ms"] = 1000 * statistics.median(times[settings["table_warmup"]:])
+            row["busy"] = _busy(device, fn, settings["table_profiled"])
+            row["peak_bytes"] = _peak(device)
+        except Exception as exc:  # a mode that fails is reported, the others still run
+            row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        out["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        _write_partial(settings, out)
+        empty_cache(device)
+        reset_peak_memory(device)
+    return out
 
 
 STAGES = {"target": target, "references": references, "dp_target": dp_target, "step_table": step_table}
