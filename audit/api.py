@@ -3,8 +3,9 @@
 ``audit train CONFIG --set k=v`` is ``audit.train(CONFIG, overrides={"k": v})``; ``audit epsilon RUN --sources
 gradient_canaries`` is ``audit.epsilon(RUN, sources="gradient_canaries")``; and so on. Flags keep their names
 (``--retrain-shadows`` → ``retrain_shadows``); ``--no-progress`` is ``progress=False``; ``--set`` (repeatable) is
-``overrides``, a list of ``"key=value"`` strings or a ``{key: value}`` mapping. Each function returns the typed
-result the command prints (:class:`~training.trainer.TrainResult`, :class:`~attacks.runner.AttackResult`,
+``overrides``, a list of ``"key=value"`` strings (values read as YAML, as on the command line) or a
+``{key: value}`` mapping (values set as given, never re-parsed: ``"no"`` stays a string). Each function returns the
+typed result the command prints (:class:`~training.trainer.TrainResult`, :class:`~attacks.runner.AttackResult`,
 :class:`~audit.bounds.runner.EpsilonReport`, :class:`~audit.reporting.ReportPaths`,
 :class:`~audit.gating.GateResult`) and raises :class:`foundation.errors.UserError` (one line) on bad input, where the
 command prints ``error: ...`` and exits with code 2. The click commands in :mod:`audit.commands` only parse
