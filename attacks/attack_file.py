@@ -13,6 +13,7 @@ nan
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -127,7 +128,7 @@ class AttackSetup(ResultModel):
 
 
 class Utility(ResultModel):
-    """Test and train accuracy of the target (from ``metrics.json``, else measured by ``audit attack``)."""
+    """Test and train accuracy of the target, measured by ``audit attack`` on the auditor's copy of the data."""
 
     test_accuracy: Real | None
     train_accuracy: Real | None
@@ -147,20 +148,24 @@ class AttackFile(ResultModel):
     code: CodeRecord | None = None  # which code the run named and whether it was trusted (absent: older file)
 
 
-def read_attack_file(path: str | os.PathLike[str]) -> AttackFile:
+def read_attack_file(path: str | os.PathLike[str], *, identity: Mapping[str, Any] | None = None) -> AttackFile:
     """Read and validate ``attack.json`` (a run directory or the file itself).
 
     Raises:
-        CheckpointError: missing, not JSON, another format, or not this schema (one line: key and remedy).
+        CheckpointError: missing, not JSON, not signed by this auditor (edited or made elsewhere), stale against
+            ``identity`` (:func:`training.run.evidence_identity`) when given, another format, or not this schema
+            (one line: key and remedy).
     """
     path = Path(path)
     path = path / ATTACK_FILE if path.is_dir() else path
-    return read_result(path, AttackFile, fmt=ATTACK_FORMAT, remake=f"audit attack {path.parent}")
+    return read_result(path, AttackFile, fmt=ATTACK_FORMAT, remake=f"audit attack {path.parent}",
+                       identity=identity)
 
 
-def write_attack_file(run_dir: str | os.PathLike[str], data: AttackFile) -> Path:
-    """Write ``<run_dir>/attack.json`` atomically."""
-    return write_result(Path(run_dir) / ATTACK_FILE, data)
+def write_attack_file(run_dir: str | os.PathLike[str], data: AttackFile, *, identity: Mapping[str, Any]) -> Path:
+    """Write ``<run_dir>/attack.json`` atomically, signed for ``identity``
+    (:func:`training.run.evidence_identity`)."""
+    return write_result(Path(run_dir) / ATTACK_FILE, data, identity=identity)
 
 
 def summary_rows(data: AttackFile) -> list[dict[str, Any]]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,12 @@ from attacks.signal_cache import Signals, load_or_compute_signals
 from training.device import resolve_device
 from foundation.errors import CheckpointError, UserError
 from training.evaluate import accuracy
-from foundation.io import read_json, write_npz
-from training.run import VerifiedRun, as_run, inputs_digest, inputs_record, is_current
+from foundation.evidence import read_signed_npz, write_signed_npz
+from training.run import VerifiedRun, as_run, evidence_identity, inputs_digest, inputs_record, is_current
 from foundation.lock import run_lock
 from foundation.files import ATTACK_FILE, SCORES_FILE
 
-__all__ = ["AttackResult", "run_attack", "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
+__all__ = ["AttackResult", "run_attack", "measure_utility", "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
 
 
 
@@ -98,13 +97,10 @@ def _check_attacks(settings: AttackConfig, target: VerifiedRun) -> None:
                             f"or use --set attack.evaluation=leave_one_out)")
 
 
-def _utility(target: VerifiedRun, device: Any) -> dict[str, float | None]:
-    """Test and train accuracy: from ``metrics.json`` when training wrote it, else measured here (test: the
-    population source, or the pool's non-members)."""
-    path = target.metrics_path
-    if path.is_file():
-        metrics = read_json(path, what="metrics")
-        return {"test_accuracy": metrics.get("test_accuracy"), "train_accuracy": metrics.get("train_accuracy")}
+def measure_utility(target: VerifiedRun, device: Any = "cpu") -> dict[str, float | None]:
+    """Test and train accuracy measured here on the auditor's own copy of the data (test: the population source,
+    or the pool's non-members; train: the pool's members). ``metrics.json`` is the run's own record and is never
+    copied: the gate decides on what the auditor measured."""
     model = target.model(device=device)
     test = target.population if target.population is not None else target.pool.subset(~target.membership)
     return {"test_accuracy": accuracy(model, test, device=device),
@@ -195,7 +191,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         if loo is not None:
             entry["leave_one_out"] = loo
         entries[name] = entry
-    utility = _utility(target, device)
+    utility = measure_utility(target, device)
     report = AttackFile.from_data({
         "format": ATTACK_FORMAT,
         "run": target.manifest.run_name,
@@ -214,9 +210,10 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         "code": target.code.to_dict(),
     })
     out = target.run_dir
-    write_npz(out / SCORES_FILE, pool_index=np.arange(len(labels)), membership=truth, labels=labels,
-              inputs_digest=np.array(inputs_digest(target)), **{f"score_{n}": s for n, s in scores.items()})
-    write_attack_file(out, report)
+    write_signed_npz(out / SCORES_FILE, identity=evidence_identity(target, claim=False), arrays={
+        "pool_index": np.arange(len(labels)), "membership": truth, "labels": labels,
+        "inputs_digest": np.array(inputs_digest(target)), **{f"score_{n}": s for n, s in scores.items()}})
+    write_attack_file(out, report, identity=evidence_identity(target, claim=False))
     return AttackResult(run_dir=out, report=report, scores=scores, membership=truth,
                         shadows_trained=0 if shadows is None else shadows.trained)
 
@@ -228,8 +225,8 @@ def attack_is_complete(run_dir: str | os.PathLike[str] | VerifiedRun, config: At
     if not (path / ATTACK_FILE).is_file() or not (path / SCORES_FILE).is_file():
         return False
     try:
-        report = read_attack_file(path)
         run = as_run(run_dir, verify=False)
+        report = read_attack_file(path, identity=evidence_identity(run, claim=False))
         if not is_current(report.inputs, run, config_sha256=_settings(config).sha256()):
             return False
         check_scores_identity(run)
@@ -239,21 +236,22 @@ def attack_is_complete(run_dir: str | os.PathLike[str] | VerifiedRun, config: At
 
 
 def check_scores_identity(run: VerifiedRun) -> None:
-    """Refuse ``scores.npz`` unless it records this run's identity (:func:`training.run.inputs_digest`: verified
-    weights and membership, the manifest's pool), as :func:`run_attack` writes it. Scores made for other weights
-    (a checkpoint swapped after the attack, or copied from another run) would otherwise be judged as this model's.
+    """Refuse ``scores.npz`` unless this auditor signed it (:mod:`foundation.evidence`) for this run's identity
+    (:func:`training.run.evidence_identity`: verified weights and membership, the manifest's pool) and
+    it records :func:`training.run.inputs_digest`, as :func:`run_attack` writes it. Scores made for other weights
+    (a checkpoint swapped after the attack, or copied from another run), or edited, would otherwise be judged as
+    this model's.
 
     Raises:
-        CheckpointError: the file is unreadable or records no identity or another one (nothing when absent).
+        CheckpointError: the file is unreadable, unsigned, edited, stale, or records another identity (nothing
+            when absent).
     """
     path = run.run_dir / SCORES_FILE
     if not path.is_file():
         return
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            recorded = str(npz["inputs_digest"]) if "inputs_digest" in npz.files else None
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"{path} is not a readable .npz file ({exc}); re-run 'audit attack'") from None
+    npz = read_signed_npz(path, remake=f"audit attack {run.run_dir}",
+                          identity=evidence_identity(run, claim=False))
+    recorded = str(npz["inputs_digest"]) if "inputs_digest" in npz else None
     if recorded != inputs_digest(run):
         raise CheckpointError(f"{path} was not computed from this run's weights, membership and pool (it records "
                               f"{'no' if recorded is None else 'another'} identity); re-run 'audit attack "

@@ -40,6 +40,7 @@ from attacks.shadow_train import resolve_executor, train_shadow_models
 from training.data import is_streamed
 from training.device import resolve_device
 from foundation.errors import CheckpointError, ConfigError, UserError
+from foundation.evidence import sign_json, verify_json
 from foundation.io import read_json, sha256_file, write_json, write_npy
 from training.run import VerifiedRun, is_complete, open_run
 from training.run.verified import canary_package_of
@@ -132,6 +133,12 @@ def _read_index(root: Path, expected: dict[str, Any]) -> dict[str, Any]:
         raise _refuse(root, f"{INDEX_FILE} is corrupt (not valid JSON)") from None
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise _refuse(root, f"{INDEX_FILE} is not a {INDEX_FORMAT} index")
+    try:
+        index = verify_json(index, path=root / INDEX_FILE, remake="",
+                            identity={"pool_fingerprint": expected["pool_fingerprint"]})
+    except CheckpointError:
+        raise _refuse(root, f"{INDEX_FILE} is not signed by this auditor's evidence key (received with the run, "
+                            f"edited, or made by another auditor), so they are not reused") from None
     missing = [k for k in (*expected, "seeds", "models", "complete", "keep_sha256") if k not in index]
     if missing:
         raise _refuse(root, f"{INDEX_FILE} lacks {', '.join(missing)}")
@@ -255,6 +262,11 @@ def _prepare(*, target: VerifiedRun, root: Path, n_models: int, seed: int, execu
     n = len(target.pool)
     expected = {"recipe_hash": recipe.hash, "pool_fingerprint": target.pool_fingerprint, "n_reference": n_models,
                 "seed": int(seed)}
+    if root.is_symlink():  # shipped with the run: never followed, never written through
+        if not retrain:
+            raise _refuse(root, "it is a symbolic link (received with the run, not made by this auditor)")
+        say(f"removing the link {root} (--retrain-shadows; its target is left alone)")
+        root.unlink()
     if retrain and root.exists():
         say(f"deleting {root} (--retrain-shadows)")
         shutil.rmtree(root)
@@ -268,7 +280,7 @@ def _prepare(*, target: VerifiedRun, root: Path, n_models: int, seed: int, execu
         keep_path = write_npy(root / KEEP_FILE, keep)
         index = _new_index(expected, shadow_seeds(n_models, seed), sha256_file(keep_path), recipe.to_dict(),
                            target.manifest.run_name)
-        write_json(root / INDEX_FILE, index)
+        write_json(root / INDEX_FILE, sign_json(index, identity={"pool_fingerprint": target.pool_fingerprint}))
     todo = [k for k in range(n_models) if not is_complete(root / str(k))]
     runs = {k: _verify_model(root, k, keep[k], index, target.pool_fingerprint, trust_code=target.trust_code)
             for k in sorted(set(range(n_models)) - set(todo))}
@@ -296,6 +308,6 @@ def _prepare(*, target: VerifiedRun, root: Path, n_models: int, seed: int, execu
                  "train_seconds": float(index.get("train_seconds", 0.0)) + time.perf_counter() - t0}
         if chosen == "ray" and where is not None:
             index["ray_address"] = where  # the Ray it ran on: local (127.0.0.1), or the cluster without secrets
-        write_json(root / INDEX_FILE, index)
+        write_json(root / INDEX_FILE, sign_json(index, identity={"pool_fingerprint": target.pool_fingerprint}))
     return ShadowSet(root=root, runs=[runs[k] for k in range(n_models)], keep=keep, index=index,
                      index_sha256=sha256_file(root / INDEX_FILE), trained=len(todo))

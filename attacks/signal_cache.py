@@ -16,18 +16,18 @@ models 1..K the reference models in keep-mask order)::
 
     content_sha256    sha256 over every array above (name, dtype, shape, bytes)
 
-A cached file is re-used only when its key matches, its arrays hash to ``content_sha256`` and the target's own
-signals (model 0, recomputed each time: one forward pass) equal the cached ones; anything else (an edited, truncated
-or foreign file) is recomputed and replaced, with a message saying why. Reference-model rows are trusted as far as
-the reference models themselves are (their weights are verified against ``shadows/index.json``).
+A cached file is re-used only when it is signed by this auditor's evidence key for this run
+(:mod:`foundation.evidence`: a ``signals.npz`` received with a run directory is never reused), its key matches,
+its arrays hash to ``content_sha256`` and the target's own signals (model 0, recomputed each time: one forward
+pass) equal the cached ones; anything else (an edited, truncated or foreign file) is recomputed and replaced,
+with a message saying why. Reference-model rows are trusted as far as the reference models themselves are
+(trained by this auditor: ``shadows/index.json`` is signed too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import zipfile
-import zlib
 from collections.abc import Callable, Sized
 from pathlib import Path
 from typing import Any
@@ -38,9 +38,10 @@ import torch
 from attacks.stage_log import stage_ticker
 from attacks.shadows import ShadowSet
 from attacks.signals import AugmentationSpec, compute_signals
-from foundation.io import write_npz
-from training.run import VerifiedRun, inputs_digest, run_population
+from foundation.errors import CheckpointError
+from foundation.evidence import read_signed_npz, write_signed_npz
 from foundation.files import SIGNALS_FILE
+from training.run import VerifiedRun, evidence_identity, inputs_digest, run_population
 from training.threads import ThreadBudget, model_work, using_threads
 
 __all__ = ["SIGNALS_FILE", "Signals", "choose_population", "population_size", "signals_key", "content_sha256",
@@ -122,18 +123,27 @@ def content_sha256(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _read_cache(path: Path, key: str, say: Callable[[str], None]) -> Signals | None:
-    """The cached signals when the file is readable, its key matches and its content hash holds; else None."""
-    if not path.is_file():
+def _read_cache(path: Path, key: str, say: Callable[[str], None], identity: dict[str, str]) -> Signals | None:
+    """The cached signals when the file is readable, signed by this auditor for this run (:mod:`foundation.evidence`:
+    a file received with the run, or edited, is never reused), its key matches and its content hash holds; else
+    None."""
+    if not path.is_file() and not path.is_symlink():
+        return None
+    if path.is_symlink():
+        say(f"{path} is a symbolic link (not made by this auditor): recomputing")
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if "key" not in z.files or str(z["key"]) != key:
-                say(f"{path} was made from other inputs: recomputing")
-                return None
-            arrays = {f: z[f] for f in _FIELDS}
-            recorded = str(z["content_sha256"]) if "content_sha256" in z.files else None
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        z = read_signed_npz(path, remake="audit attack", identity=identity)
+    except CheckpointError as exc:
+        say(f"{exc}: recomputing")
+        return None
+    try:
+        if "key" not in z or str(z["key"]) != key:
+            say(f"{path} was made from other inputs: recomputing")
+            return None
+        arrays = {f: z[f] for f in _FIELDS}
+        recorded = str(z["content_sha256"]) if "content_sha256" in z else None
+    except (KeyError, ValueError) as exc:
         say(f"{path} is unreadable ({type(exc).__name__}): recomputing")
         return None
     if recorded != content_sha256(arrays):
@@ -202,7 +212,7 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
                                      device=device) if m else np.empty((0, a), dtype=np.float32)
         return on_pool, on_pop
 
-    cached = _read_cache(path, key, say)
+    cached = _read_cache(path, key, say, evidence_identity(target, claim=False))
     target_phi = None
     say(f"population: {rule}" if available else "population: none available")
     if cached is not None:
@@ -223,6 +233,9 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
     keep = np.zeros((0, n), dtype=bool) if shadows is None else shadows.keep
     arrays = {"key": np.array(key), "pool": phi_pool, "population": phi_pop, "population_index": pop_index,
               "keep": keep, "augmentations": np.array(spec.names)}
-    write_npz(path, **arrays, content_sha256=np.array(content_sha256(arrays)))
+    if path.is_symlink():  # never write through a link the auditor did not make
+        path.unlink()
+    write_signed_npz(path, identity=evidence_identity(target, claim=False),
+                     arrays={**arrays, "content_sha256": np.array(content_sha256(arrays))})
     return Signals(pool=phi_pool, population=phi_pop, population_index=pop_index, keep=keep,
                    augmentations=spec.names, key=key, population_rule=rule, population_record=record)

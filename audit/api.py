@@ -170,10 +170,9 @@ def gate(baseline: PathLike, candidate: PathLike, *, policy: PathLike, out: Path
     Returns the :class:`~audit.gating.GateResult` (``passed``, ``exit_code``: 0 pass, 1 a rule failed, and each
     rule's values); writes it as JSON to ``out`` when given (the command's default is ``gate.json``).
     """
-    from audit.gating import evaluate_gate
-    from foundation.io import write_json
+    from audit.gating import evaluate_gate, write_gate_file
 
     result = evaluate_gate(baseline=Path(baseline), candidate=Path(candidate), policy=Path(policy))
     if out is not None:
-        write_json(Path(out), result.to_dict())
+        write_gate_file(Path(out), result)
     return result

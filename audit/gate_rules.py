@@ -20,17 +20,24 @@ A policy is a YAML file::
 Exact pass/fail conditions (``b`` = baseline, ``c`` = candidate; attack scores are "higher = member"):
 
 * ``max_claimed_epsilon``: PASS iff ``eps_c <= budget``; a run without a DP claim has ``eps_c = inf``.
-* ``no_violation``: PASS iff the candidate's verdict is not ``VIOLATION`` and, when it claims a finite epsilon,
-  its best epsilon lower bound does not exceed the claim.
+* ``no_violation``: PASS iff the candidate's verdict is not ``VIOLATION``, when it claims a finite epsilon its
+  best epsilon lower bound does not exceed the claim, its claimed δ is at most ``1/n`` (n = training examples: a
+  larger δ lets the mechanism publish a whole example with probability δ), and the audit could have detected a
+  violation. UNVERIFIABLE (neither pass nor fail) when the verdict is ``CONSISTENT`` but no violation of the
+  claim could have been detected: every deciding bound's ceiling is below the claim (``inconclusive_above``), or
+  the claim check found ``claim_unverifiable``. A policy passes such a rule only with ``accept_unverifiable: true``.
 * ``tpr_at_fpr``: with ``[lo, hi]`` the confidence interval of TPR at ``fpr`` (the point value when no interval
   was written), FAIL iff ``lo_c > hi_b + tolerance``: the candidate is flagged only when its interval lies
   entirely above the baseline's, by more than the tolerance. Overlapping intervals PASS.
-* ``min_accuracy_delta``: PASS iff ``acc_c >= acc_b - tolerance`` (test accuracy; 1e-12 slack for rounding).
+* ``min_accuracy_delta``: PASS iff ``acc_c >= acc_b - tolerance`` (test accuracy as ``audit attack`` measured it
+  on the auditor's own data, read from the signed ``attack.json``; without one, measured here on the same data
+  (:func:`attacks.runner.measure_utility`); never the run's own ``metrics.json``; 1e-12 slack for rounding).
 * ``max_auc``: PASS iff ``auc_c <= threshold`` (point estimate).
 
 Files a rule needs must exist (``epsilon.json`` of the candidate for ``no_violation``; both ``attack.json`` for
-``tpr_at_fpr``; the candidate's for ``max_auc``; both test accuracies for ``min_accuracy_delta``); a missing one
-is a :class:`foundation.errors.UserError` (exit code 2), never a silent pass.
+``tpr_at_fpr``; the candidate's for ``max_auc``), signed by this auditor's evidence key
+for the run as it is now (:mod:`foundation.evidence`); a missing, unsigned, edited or stale one is a
+:class:`foundation.errors.UserError` (exit code 2), never a silent pass.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from foundation.errors import UserError
 from foundation.files import ATTACK_FILE, EPSILON_FILE
 
 __all__ = [
+    "delta_limit",
     "MaxClaimedEpsilon",
     "NoViolation",
     "TprAtFpr",
@@ -136,6 +144,8 @@ class GatePolicy(BaseModel):
 
     format: Literal["dp-audit-gate/1"] = "dp-audit-gate/1"
     name: str | None = None
+    accept_unverifiable: bool = Field(False, description="pass a rule whose claim the audit could not have "
+                                      "refuted (UNVERIFIABLE); off by default: an unverified claim does not pass")
     rules: list[Rule] = Field(min_length=1)
 
 
@@ -150,6 +160,8 @@ class RuleResult:
         passed: whether the rule passed.
         detail: one sentence explaining the outcome.
         values: the raw numbers compared (for ``gate.json``).
+        unverifiable: the rule did not fail, but the evidence could not have made it fail (``passed`` is then
+            False; the policy's ``accept_unverifiable`` decides).
     """
 
     rule: str
@@ -160,6 +172,12 @@ class RuleResult:
     passed: bool
     detail: str
     values: dict[str, Any] = field(default_factory=dict)
+    unverifiable: bool = False
+
+    @property
+    def outcome(self) -> str:
+        """``PASS``, ``FAIL`` or ``UNVERIFIABLE``."""
+        return "PASS" if self.passed else ("UNVERIFIABLE" if self.unverifiable else "FAIL")
 
 
 def _need(obj: Any, what: str, run: RunFiles, command: str) -> Any:
@@ -214,20 +232,61 @@ def _eval_claimed(rule: MaxClaimedEpsilon, baseline: RunFiles, candidate: RunFil
                       values={"baseline": b, "candidate": c, "budget": rule.budget})
 
 
+def delta_limit(candidate: RunFiles) -> tuple[float | None, float | None]:
+    """The candidate's claimed δ and ``1/n`` (n: its training examples, members of the pool), None when unknown.
+
+    A δ above 1/n permits a mechanism that publishes one whole training example with probability δ·n ≥ 1: no
+    meaningful guarantee, whatever ε says."""
+    privacy, n = candidate.manifest.privacy, candidate.manifest.data.membership.n_members
+    if not privacy.dp or privacy.delta is None or n <= 0:
+        return privacy.delta, None
+    return float(privacy.delta), 1.0 / n
+
+
+def _undetectable(eps: Any, claimed: float) -> str | None:
+    """Why no violation of a finite claim could have been detected, or None when one could."""
+    v = eps.verdict
+    if not math.isfinite(claimed) or str(v.status) != "CONSISTENT":
+        return None
+    unverifiable = [f for f in v.findings if f.kind == "claim_unverifiable"]
+    if v.inconclusive_above is not None:
+        return (f"the audit could not have detected a violation of this claim: every deciding bound's ceiling "
+                f"(at most {fmt.eps(v.inconclusive_above)}) is below the claimed ε = {fmt.eps(claimed)}")
+    if unverifiable:
+        return (f"the audit could not have detected a violation of this claim (claim_unverifiable: "
+                f"{unverifiable[0].message})")
+    return None
+
+
 def _eval_violation(rule: NoViolation, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
     eps = _need(candidate.epsilon, EPSILON_FILE, candidate, "audit epsilon")
     claimed = eps.claimed_epsilon
     status, lb = str(eps.verdict.status), eps.verdict.best_epsilon_lb
     over = lb is not None and math.isfinite(claimed) and lb > claimed
-    ok = status != "VIOLATION" and not over
+    delta, limit = delta_limit(candidate)
+    big_delta = limit is not None and delta is not None and delta > limit
+    ok = status != "VIOLATION" and not over and not big_delta
+    why_not = _undetectable(eps, claimed) if ok else None
     b_status = str(baseline.epsilon.verdict.status) if baseline.epsilon is not None else fmt.MISSING
     relation = "does not refute the claim" if ok else "exceeds the claimed"
     detail = f"verdict {status}: best ε lower bound {fmt.eps(lb)} {relation} ε = {fmt.eps(claimed)}"
+    if status == "VIOLATION" and not over:
+        detail = f"verdict {status}: {eps.verdict.notes[0] if eps.verdict.notes else 'the claim check found an error'}"
+    if big_delta:
+        detail = (f"claimed δ = {delta:.3g} exceeds 1/n = {limit:.3g} (n = {round(1 / limit)} training examples): "
+                  f"the claim allows publishing whole training examples")
+    if why_not is not None:
+        detail = f"verdict {status} (ε_lb {fmt.eps(lb)}), but {why_not}"
+    shown = "UNVERIFIABLE" if why_not is not None else status
     return RuleResult(rule=rule.rule, label="ε verdict", baseline=b_status,
-                      candidate=f"{status} (ε_lb {fmt.eps(lb)})", threshold="not VIOLATION", passed=ok,
+                      candidate=f"{shown} (ε_lb {fmt.eps(lb)})", threshold="not VIOLATION, verifiable",
+                      passed=ok and why_not is None, unverifiable=why_not is not None,
                       detail=detail, values={"baseline_status": None if b_status == fmt.MISSING else b_status,
                                              "candidate_status": status, "candidate_epsilon_lb": lb,
-                                             "candidate_claimed_epsilon": claimed})
+                                             "candidate_claimed_epsilon": claimed,
+                                             "candidate_inconclusive_above": eps.verdict.inconclusive_above,
+                                             "candidate_delta": delta, "delta_limit": limit,
+                                             "verifiable": why_not is None})
 
 
 def _eval_tpr(rule: TprAtFpr, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
@@ -252,9 +311,21 @@ def _eval_tpr(rule: TprAtFpr, baseline: RunFiles, candidate: RunFiles) -> RuleRe
                 "candidate": {"attack": cn, "tpr": ct, "ci": [clo, chi]}, "limit": limit})
 
 
+def _measured_accuracy(run: RunFiles) -> float:
+    """Test accuracy the auditor measured: the signed ``attack.json``'s, else measured now on the run's test data
+    (builds the model; a run that names code needs ``--trust-code`` for that, as ``audit attack`` does)."""
+    if run.measured_test_accuracy is not None:
+        return run.measured_test_accuracy
+    from attacks.runner import measure_utility
+
+    if run.run is None:
+        raise UserError(f"test accuracy of {run.run_dir} is unknown: run 'audit attack {run.run_dir}' first")
+    acc = measure_utility(run.run)["test_accuracy"]
+    return _need(acc, "test accuracy", run, "audit attack")
+
+
 def _eval_accuracy(rule: MinAccuracyDelta, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
-    b = _need(baseline.test_accuracy, "test accuracy (metrics.json)", baseline, "audit train")
-    c = _need(candidate.test_accuracy, "test accuracy (metrics.json)", candidate, "audit train")
+    b, c = _measured_accuracy(baseline), _measured_accuracy(candidate)
     limit = b - rule.tolerance
     ok = c >= limit - _ACCURACY_SLACK
     detail = (f"candidate accuracy {fmt.prob(c)} {'≥' if ok else '<'} baseline {fmt.prob(b)} − tolerance "

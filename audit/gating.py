@@ -3,36 +3,51 @@
 :func:`evaluate_gate` reads both run directories, checks that they are comparable (same dataset, number of
 classes and input shape), evaluates every rule of the policy (:mod:`audit.gate_rules`, where each rule's exact
 pass/fail condition is documented) and returns a :class:`GateResult`. The ``audit gate`` command prints it
-as a table, writes ``gate.json`` atomically and exits 0 (all rules pass), 1 (a rule fails) or 2 (bad input:
-missing files, unknown policy keys, runs that cannot be compared).
+as a table, writes ``gate.json`` atomically (signed with this auditor's evidence key) and exits
+
+* 0 ``PASS``: every rule passed;
+* 1 ``FAIL``: a rule failed;
+* 2 bad input: missing, unsigned, edited or stale files, unknown policy keys, runs that cannot be compared;
+* 3 ``UNVERIFIABLE``: no rule failed, but one could not have failed on this evidence (the audit could not have
+  detected a violation of the candidate's claim: :mod:`audit.gate_rules`). It does not pass unless the policy
+  says ``accept_unverifiable: true``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from audit.gate_rules import RULE_MODELS, GatePolicy, RuleResult, evaluate_rule
 from audit.reporting.inputs import RunFiles, load_run
-from training.config import load_yaml
 from foundation.errors import ConfigError, UserError
+from foundation.evidence import sign_json
+from foundation.io import json_ready, write_json
+from training.config import load_yaml
+from training.run import evidence_identity
 
-__all__ = ["GATE_FORMAT", "GateResult", "GatePolicy", "RuleResult", "load_policy", "parse_policy",
-           "check_comparable", "evaluate_gate"]
+__all__ = ["GATE_FORMAT", "EXIT_CODES", "GateResult", "GatePolicy", "RuleResult", "load_policy", "parse_policy",
+           "check_comparable", "evaluate_gate", "write_gate_file"]
 
 GATE_FORMAT = "dp-audit-gate-result/1"
+#: Exit code of each gate outcome (2 is bad input, raised as :class:`~foundation.errors.UserError`).
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "UNVERIFIABLE": 3}
 
 
 @dataclass(frozen=True, kw_only=True)
 class GateResult:
-    """The outcome of a gate: ``passed`` is True iff every rule passed.
+    """The outcome of a gate: ``passed`` is True iff ``status`` is ``PASS``.
 
     Attributes:
         passed: overall outcome.
+        status: ``PASS``, ``FAIL`` (a rule failed) or ``UNVERIFIABLE`` (none failed, one could not have failed
+            and the policy does not accept that).
         rules: one result per policy rule, in policy order.
         baseline, candidate: the run directories compared.
         policy: the policy's name or path.
@@ -45,18 +60,26 @@ class GateResult:
     candidate: str
     policy: str
     notes: list[str] = field(default_factory=list)
+    identity: dict[str, str] = field(default_factory=dict)
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            object.__setattr__(self, "status", "PASS" if self.passed else "FAIL")
+        if self.status not in EXIT_CODES or self.passed != (self.status == "PASS"):
+            raise ValueError(f"status {self.status!r} does not match passed={self.passed}")
 
     @property
     def exit_code(self) -> int:
-        """0 when the gate passes, 1 when it fails."""
-        return 0 if self.passed else 1
+        """0 ``PASS``, 1 ``FAIL``, 3 ``UNVERIFIABLE`` (:data:`EXIT_CODES`)."""
+        return EXIT_CODES[self.status]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping (the content of ``gate.json``)."""
-        return {"format": GATE_FORMAT, "passed": self.passed, "status": "PASS" if self.passed else "FAIL",
+        return {"format": GATE_FORMAT, "passed": self.passed, "status": self.status, "exit_code": self.exit_code,
                 "baseline": self.baseline, "candidate": self.candidate, "policy": self.policy,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "rules": [asdict(r) for r in self.rules], "notes": list(self.notes)}
+                "rules": [{**asdict(r), "outcome": r.outcome} for r in self.rules], "notes": list(self.notes)}
 
 
 def _policy_error(exc: ValidationError, source: str) -> str:
@@ -130,6 +153,12 @@ def check_comparable(baseline: RunFiles, candidate: RunFiles) -> list[str]:
     return notes
 
 
+def write_gate_file(path: str | os.PathLike[str], result: GateResult) -> Path:
+    """Write ``gate.json`` atomically, signed with this auditor's evidence key (:mod:`foundation.evidence`) over
+    its content and the identities of both runs as the gate read them."""
+    return write_json(path, sign_json(json_ready(result.to_dict()), identity=result.identity))
+
+
 def evaluate_gate(*, baseline: str | os.PathLike[str] | RunFiles, candidate: str | os.PathLike[str] | RunFiles,
                   policy: GatePolicy | str | os.PathLike[str]) -> GateResult:
     """Evaluate every rule of ``policy`` on a baseline and a candidate run.
@@ -153,5 +182,13 @@ def evaluate_gate(*, baseline: str | os.PathLike[str] | RunFiles, candidate: str
         pol, pol_name = load_policy(policy), str(policy)
     notes = check_comparable(runs[0], runs[1])
     results = [evaluate_rule(rule, baseline=runs[0], candidate=runs[1]) for rule in pol.rules]
-    return GateResult(passed=all(r.passed for r in results), rules=results, baseline=str(runs[0].run_dir),
-                      candidate=str(runs[1].run_dir), policy=pol_name, notes=notes)
+    if pol.accept_unverifiable:
+        results = [dataclasses.replace(r, passed=True) if r.unverifiable else r for r in results]
+        notes += [f"{r.rule}: {r.detail} (accepted: the policy says accept_unverifiable)" for r in results
+                  if r.unverifiable]
+    failed = any(not r.passed and not r.unverifiable for r in results)
+    status = "FAIL" if failed else ("PASS" if all(r.passed for r in results) else "UNVERIFIABLE")
+    ident = {f"{who}_{k}": v for who, r in zip(("baseline", "candidate"), runs)
+             for k, v in evidence_identity(r.run if r.run is not None else r.manifest).items()}
+    return GateResult(passed=status == "PASS", status=status, rules=results, baseline=str(runs[0].run_dir),
+                      candidate=str(runs[1].run_dir), policy=pol_name, notes=notes, identity=ident)

@@ -25,6 +25,7 @@ __all__ = [
     "waiting_lock",
     "write_text",
     "write_json",
+    "json_ready",
     "read_json",
     "write_npy",
     "write_npz",
@@ -133,6 +134,16 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
+
+def json_ready(obj: Any) -> Any:
+    """``obj`` as :func:`write_json` writes it and :func:`read_json` reads it back: plain JSON types, numpy
+    values converted, non-finite floats as the strings 'inf', '-inf', 'nan' (what a signature covers).
+
+    >>> json_ready({"x": float("inf"), "y": (1, 2)})
+    {'x': 'inf', 'y': [1, 2]}
+    """
+    return _finite(json.loads(json.dumps(obj, default=_json_default, allow_nan=True)))
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:

@@ -26,7 +26,8 @@ from typing import Annotated, Any, ClassVar, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_serializer
 
 from foundation.errors import CheckpointError
-from foundation.io import read_json, write_json
+from foundation.evidence import sign_json, verify_json
+from foundation.io import json_ready, read_json, write_json
 
 __all__ = ["Real", "ResultModel", "CodeRecord", "read_result", "write_result", "validation_message"]
 
@@ -92,14 +93,17 @@ def validation_message(exc: ValidationError, *, limit: int = 3) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-def write_result(path: str | os.PathLike[str], model: ResultModel) -> Path:
-    """Write a result model atomically as standard JSON (non-finite floats as strings)."""
-    return write_json(path, model.model_dump(mode="json"))
+def write_result(path: str | os.PathLike[str], model: ResultModel, *, identity: Mapping[str, Any]) -> Path:
+    """Write a result model atomically as standard JSON (non-finite floats as strings), signed with this
+    auditor's evidence key over its content and ``identity`` (the run it was made for:
+    :func:`training.run.evidence_identity`; :mod:`foundation.evidence`)."""
+    return write_json(path, sign_json(json_ready(model.model_dump(mode="json")), identity=identity))
 
 
 def read_result(path: str | os.PathLike[str], model: type[M], *, fmt: str, remake: str,
-                migrations: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None) -> M:
-    """Read and strictly validate one result file.
+                migrations: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
+                identity: Mapping[str, Any] | None = None) -> M:
+    """Read and strictly validate one result file, once its evidence signature verifies.
 
     Args:
         path: the JSON file.
@@ -107,18 +111,22 @@ def read_result(path: str | os.PathLike[str], model: type[M], *, fmt: str, remak
         fmt: the ``format`` tag the writer writes now (e.g. ``"dp-audit-epsilon/2"``).
         remake: the command that re-makes the file, quoted in every error (e.g. ``"audit epsilon RUN"``).
         migrations: older ``format`` tag -> function turning such a file's data into the current layout.
+        identity: the run's identity now (:func:`training.run.evidence_identity`); when given, a file made for
+            another identity (other weights, membership, pool or manifest claim) is refused as stale.
 
     Returns:
         The validated model.
 
     Raises:
-        CheckpointError: the file is missing, not JSON, of another format, or does not match the schema; the
-            one-line message names the key and how to re-make the file.
+        CheckpointError: the file is missing, not JSON, not signed by this auditor's key (edited, or made
+            elsewhere), stale, of another format, or does not match the schema; the one-line message names the
+            file and how to re-make it.
     """
     path = Path(path)
     data = read_json(path, what=path.name)
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}; re-run '{remake}'")
+    data = verify_json(data, path=path, remake=remake, identity=identity)
     tag = data.get("format")
     if tag != fmt:
         if tag not in (migrations or {}):

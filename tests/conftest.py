@@ -4,6 +4,9 @@ Every test here runs tiny models on tiny data: torch's thread start-up and conte
 would dominate, so the whole session runs on one torch thread (restored at the end), and ``DP_AUDIT_THREADS=1``
 tells the thread policy (training/threads.py) and every process a test starts to use one thread too (tests of the
 policy itself pass their own environment). Modules change the thread count only through that policy.
+
+Evidence files are signed (:mod:`foundation.evidence`): the session uses a fixed test key through
+``DP_AUDIT_EVIDENCE_KEY`` (set at import, so subprocesses and doctests inherit it), never the user's own key.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ import os
 
 import pytest
 import torch
+
+#: The test session's evidence key (tests that forge evidence with another key use their own).
+TEST_EVIDENCE_KEY = "dp-audit-test-session-evidence-key-" + "5" * 32
+os.environ["DP_AUDIT_EVIDENCE_KEY"] = TEST_EVIDENCE_KEY
+os.environ.pop("DP_AUDIT_EVIDENCE_KEY_FILE", None)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -27,7 +27,10 @@ from audit.bounds.epsilon_file import write_epsilon_file
 from audit.bounds.runner import EpsilonReport, SourcedEstimate, judge_estimates
 from audit.transfer.transfer_file import (Accuracy, DecayEntry, Diagnostics, KnnEntry, LayerEntry, LinearProbeEntry,
                                           SplitInfo, TransferFile, TransferRow, write_transfer_file)
+from foundation.evidence import EVIDENCE_KEY, sign_json, write_signed_npz
 from foundation.io import fingerprint_arrays, read_json, sha256_file, write_json, write_npy, write_text
+from training.pool import draw_membership
+from training.run.freshness import evidence_identity
 from training.run.manifest import (
     DataInfo,
     Manifest,
@@ -36,6 +39,7 @@ from training.run.manifest import (
     PhaseInfo,
     PrivacyInfo,
     Provenance,
+    read_manifest,
     write_manifest,
 )
 
@@ -159,7 +163,8 @@ def make_run(
     rng = np.random.default_rng(seed)
     x, y = pool if pool is not None else pool_arrays(pool_size, seed=seed)
     pool_size = len(y)
-    membership = rng.random(pool_size) < 0.5
+    rng.random(pool_size)  # the stream the rest of the fixture draws from stays as it was
+    membership = draw_membership(pool_size, p=0.5, seed=seed)  # what the manifest records (a re-draw must match)
     write_npy(run / "membership.npy", membership)
     write_text(run / "model.safetensors", "not real weights")
     n_members = int(membership.sum())
@@ -195,6 +200,7 @@ def make_run(
     claimed = epsilon if dp else float("inf")
     identity = {"weights_sha256": manifest.model.weights_sha256, "membership_sha256": manifest.data.membership_sha256,
                 "pool_fingerprint": manifest.data.pool_fingerprint}
+    signed_for = evidence_identity(manifest)
     if with_attack:
         n_non = pool_size - n_members
         entries = {name: attack_entry(leakage * (0.3 + 0.25 * ALL_ATTACKS.index(name)), n_members=n_members,
@@ -204,7 +210,8 @@ def make_run(
             setup=AttackSetup(n_reference=n_reference, augmentations=["identity", "flip"], pool_size=pool_size,
                               n_members=n_members, n_population=100, evaluation="target", recipe_hash="1234abcd",
                               executor="sequential", shadow_train_seconds=1.5),
-            attacks=entries, utility=Utility(test_accuracy=test_accuracy, train_accuracy=None)))
+            attacks=entries, utility=Utility(test_accuracy=test_accuracy, train_accuracy=None)),
+            identity=evidence_identity(manifest, claim=False))
     if with_epsilon:
         one_run = EpsilonEstimate(method="one_run", epsilon_lb=epsilon_lb, alpha=0.05, delta=delta,
                                   counts={"m": pool_size, "r": 60, "v": 57, "k_pos": 30, "k_neg": 30}, ceiling=ceiling,
@@ -216,15 +223,30 @@ def make_run(
         write_epsilon_file(run, EpsilonReport(
             run=run.name, inputs=identity, claimed_epsilon=claimed,
             delta=delta, alpha=0.05, estimates=estimates, skipped=(),
-            verdict=judge_estimates(claimed_epsilon=claimed, delta=delta, estimates=estimates)).to_file())
+            verdict=judge_estimates(claimed_epsilon=claimed, delta=delta, estimates=estimates)).to_file(),
+            identity=signed_for)
     if with_transfer:
-        write_transfer_file(run / "transfer.json", transfer_result(run, manifest))
+        write_transfer_file(run / "transfer.json", transfer_result(run, manifest), identity=signed_for)
     return run
 
 
-def update_json(run_dir: str | Path, name: str, mutate: Callable[[dict[str, Any]], None]) -> None:
-    """Load ``run_dir/name``, apply ``mutate`` in place, and write it back."""
+def update_json(run_dir: str | Path, name: str, mutate: Callable[[dict[str, Any]], None], *,
+                resign: bool = True) -> None:
+    """Load ``run_dir/name``, apply ``mutate`` in place, and write it back; a signed evidence file is re-signed
+    with the test session's key for the identity it records (``resign=False``: left as a forger would)."""
     path = Path(run_dir) / name
     data = read_json(path)
+    record = data.pop(EVIDENCE_KEY, None) if isinstance(data, dict) else None
     mutate(data)
-    write_json(path, json.loads(json.dumps(data)))
+    data = json.loads(json.dumps(data))
+    if record is not None:
+        data = sign_json(data, identity=record["identity"]) if resign else {**data, EVIDENCE_KEY: record}
+    write_json(path, data)
+
+
+def write_signed(run_dir: str | Path, name: str, **arrays: np.ndarray) -> Path:
+    """Write ``run_dir/name`` as this auditor would: the arrays signed with the test session's key for the run's
+    identity as its manifest records it (for tests of what the readers do with the content)."""
+    run_dir = Path(run_dir)
+    return write_signed_npz(run_dir / name, identity=evidence_identity(read_manifest(run_dir), claim=False),
+                            arrays=arrays)

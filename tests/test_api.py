@@ -53,8 +53,10 @@ def test_api_equals_cli(tmp_path, monkeypatch):
                         out=tmp_path / "gate.json")
     cli = CliRunner().invoke(main, ["gate", str(tmp_path / "cli"), str(run.run_dir), "--policy",
                                     "eval_configs/gates/white_box.yaml", "--out", str(tmp_path / "gate-cli.json")])
-    assert cli.exit_code == result.exit_code == 0 and result.passed
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("created", "evaluated_at", "time")}  # noqa: E731
+    # 20 steps audited by their gradient canaries cannot refute ε = 8: the gate says so (exit 3), never PASS
+    assert cli.exit_code == result.exit_code == 3 and result.status == "UNVERIFIABLE", cli.output
+    strip = lambda d: {k: v for k, v in d.items()  # noqa: E731
+                       if k not in ("created", "evaluated_at", "time", "evidence")}
     assert strip(json.loads((tmp_path / "gate.json").read_text())) == \
         strip(json.loads((tmp_path / "gate-cli.json").read_text()))
 

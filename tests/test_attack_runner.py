@@ -61,7 +61,7 @@ def run_copy(attacked, tmp_path: Path) -> Path:
 def test_attack_json_has_the_documented_schema(attacked) -> None:
     report = read_json(attacked.run_dir / "attack.json")
     manifest = json.loads((attacked.run_dir / "manifest.json").read_text())
-    assert set(report) == {"format", "run", "inputs", "setup", "attacks", "utility", "code"}
+    assert set(report) == {"format", "run", "inputs", "setup", "attacks", "utility", "code", "evidence"}
     assert report["code"] == {"trust_code": False, "names_code": []}
     assert report["format"] == "dp-audit-attack/1" and report["run"] == "overfit"
     assert report["inputs"]["weights_sha256"] == manifest["model"]["weights_sha256"]

@@ -25,11 +25,14 @@ from training.accounting import noise_multiplier_for
 from foundation.errors import CheckpointError, ConfigError, DataError, UserError
 from foundation.io import (fingerprint_arrays, save_safetensors, sha256_bytes, sha256_file, write_npy, write_npz,
                          write_text)
+from fixtures_runs import write_signed
+from training.pool import draw_membership
 from training.run import inputs_digest, open_run
 from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
                                    read_manifest, write_manifest)
 
-TOP_KEYS = ["format", "run", "inputs", "claimed_epsilon", "delta", "alpha", "estimates", "skipped", "verdict", "code"]
+TOP_KEYS = ["format", "run", "inputs", "claimed_epsilon", "delta", "alpha", "estimates", "skipped", "verdict", "code",
+            "evidence"]
 ESTIMATE_KEYS = ["method", "source", "epsilon_lb", "alpha", "delta", "counts", "ceiling", "assumptions", "extra"]
 VERDICT_KEYS = ["status", "claimed_epsilon", "claimed_delta", "best_epsilon_lb", "best_method", "best_source",
                 "tightness", "inconclusive_above", "confidence", "max_ceiling", "violating", "notes", "findings"]
@@ -43,8 +46,13 @@ def make_run(run_dir: Path, *, pool: int = 600, epsilon: float | None = 1.0, del
     run_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     membership = rng.random(pool) < p if scheme == "bernoulli" else np.ones(pool, dtype=bool)
+    drawn = scheme == "bernoulli" and 0 < p < 1
+    if drawn:  # the draw the manifest records, canaries included (the reader draws it again)
+        membership = draw_membership(pool, p=p, seed=seed)
     if canaries:
-        membership[pool - canaries:] = rng.random(canaries) < 0.5
+        inclusion = rng.random(canaries) < 0.5
+        if not drawn:
+            membership[pool - canaries:] = inclusion
     write_npy(run_dir / "membership.npy", membership)
     if weights is None:
         write_text(run_dir / "model.safetensors", "placeholder weights")
@@ -94,8 +102,8 @@ def write_scores(run_dir: Path, *, signal: float, seed: int = 1, attacks=("lira_
     rng = np.random.default_rng(seed)
     arrays = {f"score_{a}": rng.normal(size=index.size) + signal * mem for a in attacks}
     recorded = ~mem if flip_membership else mem
-    write_npz(run_dir / "scores.npz", pool_index=index, membership=recorded, labels=np.zeros(index.size),
-              inputs_digest=np.array(identity_digest(run_dir)), **arrays)
+    write_signed(run_dir, "scores.npz", pool_index=index, membership=recorded, labels=np.zeros(index.size),
+                 inputs_digest=np.array(identity_digest(run_dir)), **arrays)
     return mem
 
 
@@ -189,8 +197,8 @@ def test_scores_of_another_run_and_nan_scores_are_refused(tmp_path):
     mem = np.load(run / "membership.npy")
     scores = np.where(mem, 1.0, 0.0)
     scores[3] = np.nan
-    write_npz(run / "scores.npz", pool_index=np.arange(mem.size), membership=mem, score_lira_online=scores,
-              inputs_digest=np.array(identity_digest(run)))
+    write_signed(run, "scores.npz", pool_index=np.arange(mem.size), membership=mem, score_lira_online=scores,
+                 inputs_digest=np.array(identity_digest(run)))
     with pytest.raises(DataError, match="NaN"):
         run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)))
     write_text(run / "scores.npz", "not an npz")

@@ -39,7 +39,8 @@ def _set_tpr(run: Path, attack: str, level: str, tpr: float, lo: float, hi: floa
 
 @pytest.fixture
 def pair(tmp_path: Path) -> tuple[Path, Path]:
-    return make_run(tmp_path / "base", seed=1), make_run(tmp_path / "cand", seed=2)
+    """Two runs whose audits could have refuted their claim (the best bound's ceiling 12 > the claimed ε 8)."""
+    return make_run(tmp_path / "base", seed=1, ceiling=12.0), make_run(tmp_path / "cand", seed=2, ceiling=12.0)
 
 
 def test_max_claimed_epsilon(tmp_path: Path, pair) -> None:
@@ -55,7 +56,7 @@ def test_no_violation(tmp_path: Path, pair) -> None:
     base, cand = pair
     rule = {"rule": "no_violation"}
     assert _gate(base, cand, rule).passed
-    bad = make_run(tmp_path / "viol", epsilon=2.0, epsilon_lb=2.5)
+    bad = make_run(tmp_path / "viol", epsilon=2.0, epsilon_lb=2.5, ceiling=12.0)
     assert read_json(bad / "epsilon.json")["verdict"]["status"] == "VIOLATION"
     assert not _gate(base, bad, rule).passed
     # a lower bound above the claim fails even if the file's status says otherwise
@@ -131,7 +132,8 @@ def test_min_accuracy_delta(tmp_path: Path) -> None:
     assert _gate(base, make_run(tmp_path / "edge", test_accuracy=0.89), rule).passed  # exactly b - tol
     assert not _gate(base, make_run(tmp_path / "low", test_accuracy=0.889), rule).passed
     assert _gate(base, make_run(tmp_path / "better", test_accuracy=0.95), rule).passed
-    with pytest.raises(UserError, match="test accuracy"):
+    # no attack.json: the gate measures the accuracy itself (here the fixture's weights are not a model)
+    with pytest.raises(UserError, match="model.safetensors is corrupt"):
         _gate(base, make_run(tmp_path / "nom", with_metrics=False, with_attack=False), rule)
 
 
@@ -208,3 +210,78 @@ def test_cli_exit_codes(tmp_path: Path, pair) -> None:
     other = make_run(tmp_path / "other", dataset="svhn")
     mismatch = runner.invoke(main, ["gate", str(base), str(other), "--policy", str(DEFAULT_POLICY)])
     assert mismatch.exit_code == 2 and "not comparable" in mismatch.output
+
+
+def test_unverifiable_claim_is_its_own_outcome(tmp_path: Path, pair) -> None:
+    """CONSISTENT with every deciding ceiling below the claim: the audit could not have refuted it. The gate says
+    UNVERIFIABLE (exit 3, recorded in gate.json), not PASS, unless the policy accepts it."""
+    base, _ = pair
+    blind = make_run(tmp_path / "blind", seed=3, epsilon=8.0, epsilon_lb=0.0, ceiling=0.93)
+    result = _gate(base, blind, {"rule": "no_violation"})
+    assert not result.passed and result.status == "UNVERIFIABLE" and result.exit_code == 3
+    assert result.rules[0].outcome == "UNVERIFIABLE" and "could not have detected" in result.rules[0].detail
+    accepted = evaluate_gate(baseline=base, candidate=blind, policy=parse_policy(
+        {"accept_unverifiable": True, "rules": [{"rule": "no_violation"}]}))
+    assert accepted.passed and accepted.exit_code == 0 and "accept_unverifiable" in accepted.notes[-1]
+    # a failing rule beside it makes the gate FAIL (exit 1)
+    both = _gate(base, blind, {"rule": "max_claimed_epsilon", "budget": 4.0}, {"rule": "no_violation"})
+    assert both.status == "FAIL" and both.exit_code == 1
+    out = tmp_path / "gate.json"
+    res = CliRunner().invoke(main, ["gate", str(base), str(blind), "--policy", str(DEFAULT_POLICY), "--out",
+                                    str(out)])
+    assert res.exit_code == 3, res.output
+    data = read_json(out)
+    assert data["status"] == "UNVERIFIABLE" and data["exit_code"] == 3 and data["passed"] is False
+    assert [r["outcome"] for r in data["rules"]][1] == "UNVERIFIABLE" and "evidence" in data  # signed
+
+
+def test_claim_unverifiable_finding_does_not_pass(tmp_path: Path, pair) -> None:
+    base, _ = pair
+    forged = make_run(tmp_path / "forged", seed=4, ceiling=12.0)
+
+    def add_finding(d: dict) -> None:
+        d["verdict"]["findings"].append({"kind": "claim_unverifiable", "severity": "warning",
+                                         "message": "the claim lists no training phase"})
+
+    update_json(forged, "epsilon.json", add_finding)
+    result = _gate(base, forged, {"rule": "no_violation"})
+    assert result.status == "UNVERIFIABLE" and "claim_unverifiable" in result.rules[0].detail
+
+
+def test_delta_above_one_over_n_fails(tmp_path: Path, pair) -> None:
+    """δ = 0.5 lets a mechanism publish whole training examples: the default policy fails it."""
+    base, _ = pair
+    loose = make_run(tmp_path / "loose", seed=5, delta=0.5, ceiling=12.0)
+    result = _gate(base, loose, {"rule": "no_violation"})
+    assert result.status == "FAIL" and "exceeds 1/n" in result.rules[0].detail
+    assert result.rules[0].values["delta_limit"] == pytest.approx(1 / read_json(
+        loose / "manifest.json")["data"]["membership"]["n_members"])
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("attack.json", lambda d: d["attacks"]["lira_online"]["metrics"].__setitem__("auc", 0.5)),
+    ("epsilon.json", lambda d: d["verdict"].__setitem__("best_epsilon_lb", 0.0)),
+])
+def test_edited_evidence_is_refused(tmp_path: Path, pair, name: str, edit) -> None:
+    """An attack.json whose AUCs were edited down, or an epsilon.json edited from VIOLATION to CONSISTENT, no
+    longer carries this auditor's signature: the gate refuses it (exit 2) naming the file and the command."""
+    base, cand = pair
+    update_json(cand, name, edit, resign=False)
+    with pytest.raises(UserError, match=f"{name} is not signed by this auditor's evidence key.*re-run 'audit "):
+        _gate(base, cand, {"rule": "max_auc", "threshold": 0.6})
+
+
+def test_claim_edited_after_epsilon_makes_it_stale(tmp_path: Path, pair) -> None:
+    base, cand = pair
+    update_json(cand, "manifest.json", lambda d: d["privacy"].__setitem__("epsilon", 0.5))
+    with pytest.raises(UserError, match=r"epsilon.json is stale: .*claim_sha256.*re-run 'audit epsilon"):
+        _gate(base, cand, {"rule": "no_violation"})
+
+
+def test_accuracy_comes_from_the_auditors_measurement(tmp_path: Path, pair) -> None:
+    """The vendor's metrics.json edited from 0.54 to 0.99 does not move the gate: it reads attack.json."""
+    base, cand = pair
+    update_json(cand, "attack.json", lambda d: d["utility"].__setitem__("test_accuracy", 0.54))
+    update_json(cand, "metrics.json", lambda d: d.__setitem__("test_accuracy", 0.99))
+    result = _gate(base, cand, {"rule": "min_accuracy_delta", "tolerance": 0.01})
+    assert not result.passed and result.rules[0].values["candidate"] == pytest.approx(0.54)

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures_runs import make_run, update_json
+from fixtures_runs import make_run, update_json, write_signed
 from hostile_common import ATTACK_ARGS, Payload, assert_error, cli, edit_json, rehash, write_cfg
 
+from foundation.evidence import read_signed_npz
 from foundation.io import load_safetensors, save_safetensors, write_npz
 
 
@@ -142,7 +143,9 @@ TAMPERED = [
     ("membership-short", _membership(lambda m: m[:-1]), r"must be a bool vector of length 240, got bool \(239,\)"),
     ("membership-int", _membership(lambda m: m.astype(np.int64)), "must be a bool vector .* got int64"),
     ("membership-2d", _membership(lambda m: m.reshape(-1, 1)), r"must be a bool vector .* \(240, 1\)"),
-    ("membership-all-in", _membership(np.ones_like), "has 240 members of 240: the attack needs members and non"),
+    ("membership-all-in", _membership(np.ones_like), r"not the Bernoulli\(p=0.5\) draw of the recorded seed 0"),
+    ("membership-permuted", _membership(lambda m: np.random.default_rng(1).permutation(m)),
+     r"not the Bernoulli\(p=0.5\) draw of the recorded seed 0 \(\d+ of 240 entries differ: permuted"),
     ("membership-traversal", _manifest("data.membership_file", "/etc/passwd"), r"invalid at 'data\.membership_file'"),
     ("pool-size", _manifest("data.pool_size", 10**12), "must be a bool vector of length 1000000000000"),
     # config.yaml
@@ -198,12 +201,40 @@ def test_a_run_dir_that_is_not_a_directory(tmp_path, command, path):
 # ------------------------------------------------------------------------------------------ epsilon and scores
 
 
+def _rewrite_scores(run_dir: Path, change) -> None:
+    """scores.npz with its arrays changed by ``change`` and its evidence record kept, as a forger would."""
+    with np.load(run_dir / "scores.npz") as z:
+        arrays = dict(z)
+    write_npz(run_dir / "scores.npz", **change(arrays))
+
+
+def _randomised(a: dict) -> dict:
+    rng = np.random.default_rng(0)
+    return a | {k: rng.normal(size=v.shape) for k, v in a.items() if k.startswith("score_")}
+
+
+def _infinite(a: dict) -> dict:
+    return a | {k: np.where(a["membership"], np.inf, -np.inf) for k in a if k.startswith("score_")}
+
+
+def _duplicated(a: dict) -> dict:
+    top = np.flatnonzero(a["membership"])[:5]
+    rows = np.concatenate([np.arange(a["pool_index"].size), np.repeat(top, 20)])
+    return {k: (v[rows] if v.shape == a["pool_index"].shape else v) for k, v in a.items()}
+
+
 STALE_SCORES = [
-    ("weights-swapped", _weights(lambda s: _first(s, lambda t: t + 0.01)), "was not computed from this run's"),
+    ("weights-swapped", _weights(lambda s: _first(s, lambda t: t + 0.01)), "scores.npz is stale"),
     ("no-identity", lambda r: write_npz(r / "scores.npz", **{k: v for k, v in np.load(r / "scores.npz").items()
-                                                           if k != "inputs_digest"}), "records no identity"),
-    ("other-run", lambda r: write_npz(r / "scores.npz", **(dict(np.load(r / "scores.npz")) | {
-        "inputs_digest": np.array("0" * 64)})), "records another identity"),
+                                                           if not k.startswith(("inputs_digest", "evidence_"))}),
+     "carries no evidence signature"),
+    ("other-run", lambda r: _rewrite_scores(r, lambda a: a | {"inputs_digest": np.array("0" * 64)}),
+     "not signed by this auditor's evidence key"),
+    ("randomised", lambda r: _rewrite_scores(r, _randomised), "not signed by this auditor's evidence key"),
+    ("infinite", lambda r: _rewrite_scores(r, _infinite), "not signed by this auditor's evidence key"),
+    ("rows-duplicated", lambda r: _rewrite_scores(r, _duplicated), "not signed by this auditor's evidence key"),
+    ("rows-duplicated-signed", lambda r: write_signed(r, "scores.npz", **{
+        k: v for k, v in _duplicated(read_signed_npz(r / "scores.npz", remake="x")).items()}), "repeated"),
     ("not-npz", lambda r: (r / "scores.npz").write_bytes(b"PK\x03\x04"), r"not a readable \.npz"),
     ("pickled", lambda r: np.savez(r / "scores.npz", inputs_digest=np.array([Payload(r.parent / "PWNED")],
                                                                            dtype=object)), r"not a readable \.npz"),
@@ -314,6 +345,9 @@ def test_html_in_a_run_directory_is_escaped_in_the_report(tmp_path, where):
     run = make_run(tmp_path / "r")
     value = [PAYLOAD] if where.endswith("notes") else PAYLOAD
     update_json(run, "manifest.json", lambda m: _put(m, where, value))
+    if where.startswith("privacy."):  # the claim changed: the evidence bound to it is stale (tested below)
+        for name in ("epsilon.json", "transfer.json"):
+            (run / name).unlink(missing_ok=True)
     r = cli("report", run)
     assert r.exit_code == 0, r.output
     html = (run / "report.html").read_text()
@@ -327,9 +361,9 @@ def test_html_in_a_run_directory_is_escaped_in_the_report(tmp_path, where):
     (lambda r: (r / "manifest.json").write_text("{broken"), "manifest .* is not valid JSON"),
     # result files made for other weights or data: stale after a retrain, or copied from another run
     (lambda r: (_write(r / "model.safetensors", b"retrained"), rehash(r)),
-     r"attack\.json was not made for this run \(weights_sha256 .* re-make it with 'audit attack "),
+     r"attack\.json is stale: it was made for another weights_sha256 .* re-run 'audit attack "),
     (lambda r: shutil.copy(make_run(r.parent / "other", seed=1) / "epsilon.json", r / "epsilon.json"),
-     r"epsilon\.json was not made for this run \(membership_sha256 .*pool_fingerprint .*'audit epsilon "),
+     r"epsilon\.json is stale: it was made for another membership_sha256, pool_fingerprint .*'audit epsilon "),
     (lambda r: update_json(r, "attack.json", lambda a: a.__setitem__("inputs", {})),
      r"attack\.json was not made for this run \(weights_sha256 None"),
 ], ids=["attack-not-json", "attack-format", "epsilon-list", "manifest-not-json", "weights-changed-after-attack",

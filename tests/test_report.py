@@ -19,6 +19,8 @@ from audit.reporting import Figures, PoolImages, build_report, load_run, render_
 from audit.reporting.chromium import find_chromium, headless_args
 from fixtures_runs import LEVELS, make_run, pool_arrays, update_json
 from foundation.io import read_json
+from training.run.freshness import evidence_identity
+from training.run.manifest import read_manifest
 
 SECTIONS = ["glance", "claim", "threat", "attacks", "epsilon", "utility", "provenance", "limitations"]
 MD_HEADINGS = ["## 1. Verdict at a glance", "## 2. The claim", "## 3. Threat model", "## 4. Attacks",
@@ -314,7 +316,8 @@ def test_reads_what_audit_attack_writes_without_bootstrap(tmp_path: Path) -> Non
         rng.normal(size=200) + y, y, rng.integers(0, 10, 200), n_boot=0, seed=0, top_k=4)})
     assert entry.metrics.auc_ci is None and entry.metrics.tpr_at_fpr_ci == {}
     old = read_attack_file(run)
-    write_attack_file(run, old.model_copy(update={"attacks": {"loss": entry}}))
+    write_attack_file(run, old.model_copy(update={"attacks": {"loss": entry}}),
+                      identity=evidence_identity(read_manifest(run), claim=False))
     html = _write(run).html.read_text()
     assert _p4(entry.metrics.auc) in _row(html, "data-attack", "loss")
     best = read_json(run / "report.json")["attacks"]["strongest"]

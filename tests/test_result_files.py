@@ -24,6 +24,9 @@ from foundation.errors import CheckpointError
 from foundation.io import read_json
 from training.run.manifest import read_manifest
 
+#: The run identity the result files here are signed for (a stand-in; no run directory is involved).
+ID = {"weights_sha256": "w" * 64, "membership_sha256": "m" * 64, "pool_fingerprint": "p" * 64}
+
 
 def _attack_file(rng: np.random.Generator) -> AttackFile:
     y = rng.random(120) < 0.5
@@ -59,7 +62,7 @@ def _epsilon_report() -> EpsilonReport:
 
 def test_attack_json_round_trips(tmp_path: Path) -> None:
     data = _attack_file(np.random.default_rng(0))
-    path = write_attack_file(tmp_path, data)
+    path = write_attack_file(tmp_path, data, identity=ID)
     back = read_attack_file(tmp_path)
     assert back.model_dump_json() == data.model_dump_json()  # equal, NaN included
     assert back.attacks["lira_online"].leave_one_out is not None and back.attacks["loss"].leave_one_out is None
@@ -69,7 +72,7 @@ def test_attack_json_round_trips(tmp_path: Path) -> None:
 
 def test_epsilon_json_round_trips(tmp_path: Path) -> None:
     data = _epsilon_report().to_file()
-    write_epsilon_file(tmp_path, data)
+    write_epsilon_file(tmp_path, data, identity=ID)
     back = read_epsilon_file(tmp_path)
     assert back == data
     assert back.verdict.status == "VIOLATION" and back.verdict.violating == ("one_run",)
@@ -80,7 +83,7 @@ def test_epsilon_json_round_trips(tmp_path: Path) -> None:
 def test_transfer_json_round_trips(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", with_transfer=False)
     data = transfer_result(run, read_manifest(run))
-    write_transfer_file(run / "transfer.json", data)
+    write_transfer_file(run / "transfer.json", data, identity=ID)
     back = read_transfer_file(run)
     assert back == data
     assert set(read_json(run / "transfer.json")["datasets"][1]) == {"dataset", "name", "root", "status", "reason"}
@@ -89,7 +92,7 @@ def test_transfer_json_round_trips(tmp_path: Path) -> None:
 def test_epsilon_format_1_is_migrated(tmp_path: Path) -> None:
     data = _epsilon_report().to_file().model_copy(update={"verdict": _epsilon_report().verdict.model_copy(
         update={"findings": ()})})
-    write_epsilon_file(tmp_path, data)
+    write_epsilon_file(tmp_path, data, identity=ID)
 
     def to_v1(d: dict) -> None:
         d["format"] = "dp-audit-epsilon/1"
@@ -146,14 +149,13 @@ def test_a_wrong_type_is_refused_not_coerced(tmp_path: Path) -> None:
 
 def test_attack_json_before_tuned_a_and_population_rule_still_reads(tmp_path: Path) -> None:
     data = _attack_file(np.random.default_rng(2))
-    path = write_attack_file(tmp_path, data)
+    path = write_attack_file(tmp_path, data, identity=ID)
     old = read_json(path)
     assert "info" not in old["attacks"]["loss"]              # absent when an attack reports nothing
-    del old["setup"]["population_rule"]                        # what files made before this field hold
-    path.write_text(json.dumps(old))
+    update_json(tmp_path, "attack.json", lambda d: d["setup"].pop("population_rule"))  # as files made before it
     back = read_attack_file(tmp_path)
     assert back.setup.population_rule is None and back.attacks["loss"].info is None
     rmia = data.attacks["loss"].model_copy(update={"params": {"attack": "rmia_offline", "a": "auto"},
                                                    "info": {"a": 0.6, "a_tuning": {"chosen_on": "reference model 1"}}})
-    write_attack_file(tmp_path, data.model_copy(update={"attacks": {"rmia_offline": rmia}}))
+    write_attack_file(tmp_path, data.model_copy(update={"attacks": {"rmia_offline": rmia}}), identity=ID)
     assert read_attack_file(tmp_path).attacks["rmia_offline"].info["a"] == 0.6

@@ -145,8 +145,9 @@ def test_each_command_reads_and_verifies_each_file_once(run_copy: Path, tmp_path
 
     reads.reset()
     _cli("report", str(run_copy))
-    # the report needs the pool (thumbnails), hence the config; it does not hash weights or membership
-    assert reads.of(run_copy) == {"manifest": 1, "config": 1}
+    # the report needs the pool (thumbnails), hence the config; it hashes weights and membership once (the
+    # identity its evidence must be signed for)
+    assert reads.of(run_copy) == {"manifest": 1, "config": 1, "weights": 1, "membership": 1}
     assert reads.counts["*"] == {"pool": 1, "pool decode": 1, "manifest parse": 1}
 
 
@@ -245,6 +246,7 @@ def test_an_output_is_current_only_for_the_same_run_and_step_keys(trained: Path,
     from foundation.io import sha256_file
 
     man["data"]["membership_sha256"] = sha256_file(other / MEMBERSHIP_FILE)
+    man["data"]["membership"]["scheme"] = "explicit"  # not a re-drawable seed (that is refused: test_hostile_runs)
     (other / "manifest.json").write_text(json.dumps(man))
     assert not is_current(rec, open_run(other, verify=False), config_sha256="abc")
     with pytest.raises(ValueError, match="identity"):

@@ -15,6 +15,7 @@ from attacks.shadows import INDEX_FILE, balanced_keep_masks, prepare_shadows, sh
 from training.config import TrainConfig
 from training.data import load_dataset
 from foundation.errors import CheckpointError, ConfigError, UserError
+from foundation.evidence import sign_json
 from training.run import open_run
 from training.run.manifest import DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance
 
@@ -166,7 +167,8 @@ def test_shadows_are_trained_then_reused(trained: Path) -> None:
     assert first["complete"] and first["n_reference"] == K and first["executor"] == "batched"
     assert first["recipe_hash"] == recipe_hash(target.config)
     again = prepare_shadows(target=target, n_models=K, seed=0, executor="batched", device="cpu")
-    assert again.trained == 0 and again.index == first
+    assert again.trained == 0 and again.index == {k: v for k, v in first.items() if k != "evidence"}
+    assert "mac" in first["evidence"]  # signed by this auditor: the only reference models it re-uses
     for k, run in enumerate(again.runs):
         man = run.manifest
         assert (run.membership == again.keep[k]).all()
@@ -179,10 +181,23 @@ def _corrupt_index(run: Path) -> None:
     (run / "shadows" / INDEX_FILE).write_text("{not json")
 
 
+def _resign(path: Path, mutate) -> None:
+    """Edit a shadow index and sign it again with the test session's key (as this auditor would have made it)."""
+    index = json.loads(path.read_text())
+    record = index.pop("evidence")
+    mutate(index)
+    path.write_text(json.dumps(sign_json(index, identity=record["identity"])))
+
+
 def _other_recipe(run: Path) -> None:
+    _resign(run / "shadows" / INDEX_FILE, lambda index: index.__setitem__("recipe_hash", "f" * 64))
+
+
+def _unsigned(run: Path) -> None:
+    """A shadows/ folder shipped with the run: its index was never signed by this auditor."""
     path = run / "shadows" / INDEX_FILE
     index = json.loads(path.read_text())
-    index["recipe_hash"] = "f" * 64
+    index.pop("evidence")
     path.write_text(json.dumps(index))
 
 
@@ -208,6 +223,7 @@ def _drop_model(run: Path) -> None:
 @pytest.mark.parametrize(("damage", "message"), [
     (_corrupt_index, "index.json is corrupt"),
     (_other_recipe, "another recipe"),
+    (_unsigned, "not signed by this auditor's evidence key"),
     (_tamper_weights, "model 1 is corrupt"),
     (_drop_keep, "keep.npy is missing"),
     (_drop_weights, "model 3 is corrupt .*missing"),
@@ -237,10 +253,7 @@ def test_retrain_recovers_from_a_corrupt_directory(run_copy: Path) -> None:
 
 
 def test_interrupted_training_continues_with_missing_models(run_copy: Path) -> None:
-    index_path = run_copy / "shadows" / INDEX_FILE
-    index = json.loads(index_path.read_text())
-    index["complete"] = False
-    index_path.write_text(json.dumps(index))
+    _resign(run_copy / "shadows" / INDEX_FILE, lambda index: index.__setitem__("complete", False))
     shutil.rmtree(run_copy / "shadows" / "2")
     done = prepare_shadows(target=open_run(run_copy), n_models=K, seed=0, executor="batched", device="cpu")
     assert done.trained == 1 and done.index["complete"]

@@ -162,11 +162,15 @@ def test_report_and_gate_run_no_code_and_say_whether_it_was_trusted(run, tmp_pat
     assert prov["code trusted"].startswith("no: the code it names was not run")
     assert "code trusted" in (run_dir / "report.md").read_text()
     policy = tmp_path / "policy.yaml"
-    policy.write_text("rules:\n  - rule: max_claimed_epsilon\n    budget: 8.0\n  - rule: min_accuracy_delta\n"
-                      "    tolerance: 0.01\n")
+    policy.write_text("rules:\n  - rule: max_claimed_epsilon\n    budget: 8.0\n")
     gate = CliRunner().invoke(main, ["gate", str(run_dir), str(run_dir), "--policy", str(policy),
                                      "--out", str(tmp_path / "gate.json")])
     assert gate.exit_code in (0, 1) and (tmp_path / "gate.json").is_file(), gate.output
+    assert _no_code_ran(markers)
+    # without attack.json the accuracy rule measures the model itself: refused, the run names untrusted code
+    policy.write_text("rules:\n  - rule: min_accuracy_delta\n    tolerance: 0.01\n")
+    gate = CliRunner().invoke(main, ["gate", str(run_dir), str(run_dir), "--policy", str(policy)])
+    assert gate.exit_code == 2 and "names code to import" in gate.output, gate.output
     assert _no_code_ran(markers)
     monkeypatch.syspath_prepend(str(markers.parent / "code"))
     assert CliRunner().invoke(main, ["attack", str(run_dir), *ATTACK_NO_SHADOWS, "--trust-code"]).exit_code == 0

@@ -119,6 +119,10 @@ def auditor_canary_evidence(*, run: VerifiedRun, secret_path: str | Path, n_mode
     check_run_against_secret(run, secret)
     recipes, shadow = reference_recipes(run, sigma0=sigma0)
     root = Path(reference_dir) if reference_dir is not None else run.run_dir / CANARY_REFERENCE_DIR
+    if reference_dir is None and root.is_symlink():  # shipped with the run: never followed, never written through
+        (log or (lambda _m: None))(f"{root} is a symbolic link received with the run: removed (its target is left "
+                                   f"alone), reference models are trained afresh")
+        root.unlink()
     batch = shadow.config.training.batch_size
     sets = [prepare_reference_set(run=run, secret=secret, name=name, recipe=recipe, n_models=n_models, seed=seed,
                                   root=root, target_batch=batch, log=log) for name, recipe in recipes]

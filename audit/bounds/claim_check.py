@@ -11,9 +11,12 @@ A manifest's ``privacy.epsilon`` is a number anyone can edit. What the auditor c
 * **metrics** — ``metrics.json``: ``epsilon_spent`` and ``steps`` must agree with the claim and the phases.
 * **provenance** — ``provenance.command``: an override that turned DP off (``privacy.enabled=false``,
   ``privacy.noise_multiplier=0``) contradicts a DP claim.
+* **δ** — a claimed δ above ``1/n`` (n: training examples) permits a mechanism that publishes a whole training
+  example with probability δ: no meaningful guarantee, whatever ε says (``claim_delta_above_1_over_n``, error).
 
 Each contradiction is a :class:`~audit.bounds.verdict.Finding` (kinds ``claim_not_from_mechanism``,
-``claim_unverifiable``, ``claim_phase_on_private_data``, ``claim_vs_config``, ``claim_vs_metrics``, ``claim_vs_provenance``) with severity
+``claim_unverifiable``, ``claim_delta_above_1_over_n``, ``claim_phase_on_private_data``, ``claim_vs_config``,
+``claim_vs_metrics``, ``claim_vs_provenance``) with severity
 ``"error"`` (the verdict becomes ``VIOLATION``: the claim is not supported by the run's own record) or
 ``"warning"`` (reported, verdict unchanged). Everything here
 is a pure function of already-parsed values; reading the files is the caller's job.
@@ -41,7 +44,7 @@ from foundation.errors import UserError
 from foundation.files import CONFIG_FILE, METRICS_FILE
 from training.run.manifest import Manifest, PrivacyInfo
 
-__all__ = ["REL_TOL", "ABS_TOL", "recompute_epsilon", "check_mechanism", "check_config",
+__all__ = ["check_delta", "REL_TOL", "ABS_TOL", "recompute_epsilon", "check_mechanism", "check_config",
            "check_metrics", "check_provenance", "check_claim"]
 
 #: Relative tolerance between a claim and the PLD ε of its mechanism (PRV/PLD agree to ~1%; RDP claims are larger).
@@ -85,6 +88,22 @@ def recompute_epsilon(privacy: PrivacyInfo) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the weak-privacy fallback to RDP: still an upper bound
         return epsilon_for(phases=phases, delta=float(privacy.delta), accountant="pld")
+
+
+def check_delta(manifest: Any) -> tuple[Finding, ...]:
+    """A DP claim whose δ exceeds ``1/n`` (n = the run's training examples) is an error.
+
+    >>> from types import SimpleNamespace as NS
+    >>> m = NS(privacy=NS(dp=True, delta=0.5), data=NS(membership=NS(n_members=1000)))
+    >>> check_delta(m)[0].kind
+    'claim_delta_above_1_over_n'
+    """
+    privacy, n = manifest.privacy, int(manifest.data.membership.n_members)
+    if not privacy.dp or privacy.delta is None or n <= 0 or not float(privacy.delta) > 1.0 / n:
+        return ()
+    return (Finding(kind="claim_delta_above_1_over_n", severity="error", message=(
+        f"claimed δ = {float(privacy.delta):.3g} exceeds 1/n = {1.0 / n:.3g} (n = {n} training examples): a "
+        f"mechanism that publishes whole training examples with probability δ meets such a claim; use δ < 1/n")),)
 
 
 def check_mechanism(privacy: PrivacyInfo, *, rel_tol: float = REL_TOL,
@@ -299,6 +318,7 @@ def check_claim(manifest: Manifest, *, config: Mapping[str, Any] | None = None, 
             "recompute it; it is taken on trust")))
     else:
         findings += check_mechanism(privacy)
+    findings += check_delta(manifest)
     findings += _phases_on_private_data(manifest)
     findings += check_config(manifest, config, config_sha256=config_sha256)
     findings += check_metrics(manifest, metrics)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -101,18 +102,21 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "format": EPSILON_FORMAT, "verdict": verdict}
 
 
-def read_epsilon_file(path: str | os.PathLike[str]) -> EpsilonFile:
+def read_epsilon_file(path: str | os.PathLike[str], *, identity: Mapping[str, Any] | None = None) -> EpsilonFile:
     """Read and validate ``epsilon.json`` (a run directory or the file itself); ``/1`` files are migrated.
 
     Raises:
-        CheckpointError: missing, not JSON, another format, or not this schema (one line: key and remedy).
+        CheckpointError: missing, not JSON, not signed by this auditor (edited or made elsewhere), stale against
+            ``identity`` (:func:`training.run.evidence_identity`) when given, another format, or not this schema
+            (one line: key and remedy).
     """
     path = Path(path)
     path = path / EPSILON_FILE if path.is_dir() else path
     return read_result(path, EpsilonFile, fmt=EPSILON_FORMAT, remake=f"audit epsilon {path.parent}",
-                       migrations={"dp-audit-epsilon/1": migrate_v1})
+                       migrations={"dp-audit-epsilon/1": migrate_v1}, identity=identity)
 
 
-def write_epsilon_file(run_dir: str | os.PathLike[str], data: EpsilonFile) -> Path:
-    """Write ``<run_dir>/epsilon.json`` atomically."""
-    return write_result(Path(run_dir) / EPSILON_FILE, data)
+def write_epsilon_file(run_dir: str | os.PathLike[str], data: EpsilonFile, *, identity: Mapping[str, Any]) -> Path:
+    """Write ``<run_dir>/epsilon.json`` atomically, signed for ``identity``
+    (:func:`training.run.evidence_identity`)."""
+    return write_result(Path(run_dir) / EPSILON_FILE, data, identity=identity)

@@ -50,7 +50,8 @@ from foundation.files import EPSILON_FILE, SCORES_FILE
 from foundation.errors import UserError
 from foundation.io import read_json, sha256_bytes, sha256_file
 from foundation.result_json import CodeRecord
-from training.run import CONFIG_FILE, METRICS_FILE, VerifiedRun, as_run, identity, inputs_record, is_current
+from training.run import (CONFIG_FILE, METRICS_FILE, VerifiedRun, as_run, evidence_identity, identity,
+                          inputs_record, is_current)
 from training.run.manifest import Manifest
 from foundation.lock import run_lock
 from training.trust import CodeTrust
@@ -308,7 +309,7 @@ def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool,
         verdict=with_claim_findings(judge_estimates(claimed_epsilon=claim, delta=delta, estimates=estimates,
                                                     notes=notes), _claim_findings(run)), code=run.code)
     if write:
-        path = write_epsilon_file(run_dir, report.to_file())
+        path = write_epsilon_file(run_dir, report.to_file(), identity=evidence_identity(run))
         report = dataclasses.replace(report, path=path)
     return report
 
@@ -376,8 +377,8 @@ def epsilon_is_complete(run_dir: str | Path | VerifiedRun, config: EpsilonConfig
     if not (path / EPSILON_FILE).is_file():
         return False
     try:
-        data = read_epsilon_file(path)
         run = as_run(run_dir, verify=False)
+        data = read_epsilon_file(path, identity=evidence_identity(run))
     except UserError:
         return False
     scores_path = path / SCORES_FILE

@@ -34,13 +34,15 @@ from typing import Any
 import numpy as np
 
 from foundation.errors import CheckpointError, DataError, UserError
+from foundation.evidence import read_signed_npz
 from foundation.io import sha256_file
-from training.run import CONFIG_FILE, VerifiedRun
+from training.run import CONFIG_FILE, VerifiedRun, evidence_identity
 from training.run.manifest import Manifest
 from foundation.files import SCORES_FILE
 
 __all__ = ["Evidence", "Skipped", "SOURCES", "SCORES_FILE", "pool_evidence", "input_canary_evidence",
-           "gradient_canary_evidence", "read_scores", "finite_scores", "inclusion_is_half", "run_recipe"]
+           "gradient_canary_evidence", "read_scores", "check_index_array", "finite_scores", "inclusion_is_half",
+           "run_recipe"]
 
 SOURCES = ("pool", "input_canaries", "gradient_canaries", "multi_run", "auditor_canaries")
 """Evidence sources; ``multi_run`` trains models (:mod:`audit.bounds.multi_run_source`); ``auditor_canaries``
@@ -114,22 +116,25 @@ def inclusion_is_half(manifest: Manifest, *, canaries: bool) -> str | None:
 # ------------------------------------------------------------------------------------------------ scores.npz
 
 
-def read_scores(run_dir: Path, *, attack: str) -> tuple[dict[str, np.ndarray], str]:
+def read_scores(run_dir: Path, *, attack: str, identity: Mapping[str, Any] | None = None,
+                n_pool: int | None = None) -> tuple[dict[str, np.ndarray], str]:
     """Arrays of ``<run_dir>/scores.npz`` (``pool_index``, ``membership``, ``score_<attack>``) and its sha256.
 
+    Only a file signed by this auditor's evidence key is read (:mod:`foundation.evidence`), fresh against
+    ``identity`` when given; its arrays are checked structurally (1-D, one length, unique indices in
+    ``[0, n_pool)``, no NaN).
+
     Raises:
-        CheckpointError: the file is missing, unreadable, lacks an array, or its arrays disagree in length.
+        CheckpointError: the file is missing, unreadable, unsigned, edited, stale, lacks an array, or its arrays
+            are malformed.
         UserError: the file has no scores for ``attack`` (names the attacks it has).
     """
     path = Path(run_dir) / SCORES_FILE
     if not path.is_file():
         raise CheckpointError(f"{path} not found: run 'audit attack {run_dir}' first (the pool source needs "
                               "attack scores), or choose other sources with --sources")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"{path} is not a readable .npz file ({exc}); re-run 'audit attack'") from None
+    remake = f"audit attack {run_dir}"
+    arrays = read_signed_npz(path, remake=remake, identity=identity)
     for key in ("pool_index", "membership"):
         if key not in arrays:
             raise CheckpointError(f"{path} lacks the array '{key}'; re-run 'audit attack'")
@@ -142,8 +147,30 @@ def read_scores(run_dir: Path, *, attack: str) -> tuple[dict[str, np.ndarray], s
     for k in ("membership", key):
         if arrays[k].shape != n:
             raise CheckpointError(f"{path}: array '{k}' has shape {arrays[k].shape}, pool_index has {n}")
+    check_index_array(arrays["pool_index"], n_pool=n_pool, what=f"{path}: pool_index", remake=remake)
+    if arrays[key].dtype.kind not in "fiu" or arrays["membership"].dtype != np.bool_:
+        raise CheckpointError(f"{path}: '{key}' must hold numbers and 'membership' bools; re-run '{remake}'")
     return {"pool_index": arrays["pool_index"].astype(np.int64), "membership": arrays["membership"].astype(bool),
             "scores": arrays[key].astype(np.float64)}, sha256_file(path)
+
+
+def check_index_array(index: np.ndarray, *, n_pool: int | None, what: str, remake: str) -> None:
+    """Refuse an index array that is not 1-D integers, unique, and (given ``n_pool``) in ``[0, n_pool)``: a row
+    duplicated or an index out of range would count one example several times or score another run's.
+
+    >>> check_index_array(np.array([0, 2, 2]), n_pool=3, what="x", remake="audit attack")
+    Traceback (most recent call last):
+    ...
+    foundation.errors.CheckpointError: x: 1 index value(s) repeated (rows duplicated); re-run 'audit attack'
+    """
+    if index.ndim != 1 or index.dtype.kind not in "iu":
+        raise CheckpointError(f"{what} must be a 1-D integer array, got {index.dtype} of shape {index.shape}; "
+                              f"re-run '{remake}'")
+    repeated = int(index.size - np.unique(index).size)
+    if repeated:
+        raise CheckpointError(f"{what}: {repeated} index value(s) repeated (rows duplicated); re-run '{remake}'")
+    if n_pool is not None and index.size and (int(index.min()) < 0 or int(index.max()) >= n_pool):
+        raise CheckpointError(f"{what}: indices outside [0, {n_pool}); re-run '{remake}'")
 
 
 def finite_scores(scores: np.ndarray, *, what: str) -> np.ndarray:
@@ -196,7 +223,8 @@ def pool_evidence(*, run: VerifiedRun, attack: str) -> Evidence | Skipped:
     why = inclusion_is_half(manifest, canaries=False)
     if why is not None:
         return Skipped("pool", why)
-    arrays, sha = read_scores(run_dir, attack=attack)
+    arrays, sha = read_scores(run_dir, attack=attack, identity=evidence_identity(run, claim=False),
+                              n_pool=membership.size)
     index = arrays["pool_index"]
     _check_scores_membership(membership, arrays, index, run_dir)
     keep = np.ones(index.size, dtype=bool)
@@ -233,7 +261,8 @@ def input_canary_evidence(*, run: VerifiedRun, attack: str) -> Evidence | Skippe
     kind = str((manifest.data.canaries or {}).get("kind", "unknown"))
     if (Path(run_dir) / SCORES_FILE).is_file():
         try:
-            arrays, sha = read_scores(run_dir, attack=attack)
+            arrays, sha = read_scores(run_dir, attack=attack, identity=evidence_identity(run, claim=False),
+                                      n_pool=membership.size)
         except CheckpointError:
             raise
         except UserError:  # no scores for this attack: score the canaries directly

@@ -41,6 +41,7 @@ from training.data import to_float_tensor
 from training.dp.batched import train_many
 from training.dp.recipe import TrainRecipe
 from foundation.errors import UserError
+from foundation.evidence import sign_json, verify_json
 from foundation.files import INDEX_FILE, KEEP_FILE, PHI_FILE, REFERENCE_WEIGHTS_FILE
 from foundation.io import (fingerprint_arrays, read_json, save_safetensors, sha256_bytes, sha256_file, write_json,
                          write_npy)
@@ -118,8 +119,9 @@ def _load(root: Path, key: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.
     if not index_path.is_file():
         return None
     try:
-        index = read_json(index_path, what="reference index")
-    except UserError:
+        index = verify_json(read_json(index_path, what="reference index"), path=index_path, remake="",
+                            identity={"key": key})
+    except (UserError, AttributeError):  # unreadable, or not signed by this auditor (received with the run)
         return None
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or index.get("key") != key:
         return None
@@ -173,7 +175,7 @@ def prepare_reference_set(*, run: VerifiedRun, secret: CanarySecret, name: str, 
     key = _key(fields)
     where = Path(root) / f"{name}-{key[:16]}"
     shape = (int(n_models), secret.count)
-    loaded = _load(where, key, shape)
+    loaded = None if where.is_symlink() else _load(where, key, shape)
     if loaded is not None:
         say(f"re-using {n_models} '{name}' reference models in {where}")
         return ReferenceSet(name=name, noise_multiplier=float(recipe.noise_multiplier if recipe.dp else 0.0),
@@ -199,9 +201,12 @@ def prepare_reference_set(*, run: VerifiedRun, secret: CanarySecret, name: str, 
         raise UserError(f"the '{name}' reference models produced non-finite outputs on the canaries (diverged "
                         "training); lower the learning rate of the recipe")
     keep = keep_all[:, n_real:]
+    if where.is_symlink():  # never write through a link the auditor did not make
+        where.unlink()
     paths = {"keep": write_npy(where / KEEP_FILE, keep), "phi": write_npy(where / PHI_FILE, phi),
              "weights": save_safetensors(where / REFERENCE_WEIGHTS_FILE, tensors)}
-    write_json(where / INDEX_FILE, {**fields, "key": key, "train_seconds": seconds,
-                                      **{f"{n}_sha256": sha256_file(p) for n, p in paths.items()}})
+    write_json(where / INDEX_FILE, sign_json({**fields, "key": key, "train_seconds": seconds,
+                                              **{f"{n}_sha256": sha256_file(p) for n, p in paths.items()}},
+                                             identity={"key": key}))
     return ReferenceSet(name=name, noise_multiplier=float(recipe.noise_multiplier if recipe.dp else 0.0), keep=keep,
                         phi=phi, root=where, key=key, trained=int(n_models))

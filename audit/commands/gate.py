@@ -1,7 +1,8 @@
 """`audit gate BASELINE CANDIDATE --policy POLICY`: a CI gate over two run directories.
 
-Exit codes: 0 every rule passed; 1 a rule failed; 2 bad input (missing files, unknown policy keys, runs that
-cannot be compared). The library function is :func:`audit.api.gate` (``audit.gate(...)``), over :func:`audit.gating.evaluate_gate`.
+Exit codes: 0 every rule passed; 1 a rule failed; 2 bad input (missing, unsigned, edited or stale files, unknown
+policy keys, runs that cannot be compared); 3 UNVERIFIABLE: no rule failed, but the audit could not have detected a
+violation of the candidate's claim (not a pass unless the policy says ``accept_unverifiable: true``). The library function is :func:`audit.api.gate` (``audit.gate(...)``), over :func:`audit.gating.evaluate_gate`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from foundation.files import GATE_FILE
 def print_gate(result: GateResult, *, file=None) -> None:
     """Print a gate result as a table (rule, baseline, candidate, threshold, PASS/FAIL) with rich."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     out = file if file is not None else sys.stdout
@@ -29,15 +31,18 @@ def print_gate(result: GateResult, *, file=None) -> None:
                          ("threshold", "right"), ("result", "center")):
         table.add_column(col, justify=justify)
     for r in result.rules:
-        verdict = "[bold green]PASS[/]" if r.passed else "[bold red]FAIL[/]"
+        verdict = {"PASS": "[bold green]PASS[/]", "FAIL": "[bold red]FAIL[/]",
+                   "UNVERIFIABLE": "[bold yellow]UNVERIFIABLE[/]"}[r.outcome]
         table.add_row(r.label, r.baseline, r.candidate, r.threshold, verdict)
     console.print(table)
     for r in result.rules:
         if not r.passed:
-            console.print(f"[red]FAIL[/] {r.rule}: {r.detail}")
+            console.print(f"[red]{r.outcome}[/] {r.rule}: {escape(r.detail)}")
     for note in result.notes:
         console.print(f"note: {note}")
-    console.print(f"gate {'[bold green]PASSED[/]' if result.passed else '[bold red]FAILED[/]'}: "
+    word = {"PASS": "[bold green]PASSED[/]", "FAIL": "[bold red]FAILED[/]",
+            "UNVERIFIABLE": "[bold yellow]UNVERIFIABLE[/] (not passed: the audit could not have detected a violation)"}
+    console.print(f"gate {word[result.status]}: "
                   f"{sum(r.passed for r in result.rules)}/{len(result.rules)} rules pass "
                   f"(baseline {result.baseline}, candidate {result.candidate})")
 
@@ -50,7 +55,7 @@ def print_gate(result: GateResult, *, file=None) -> None:
 @click.option("--out", "out", default=Path(GATE_FILE), show_default=True,
               type=click.Path(dir_okay=False, path_type=Path), help="where to write the JSON result")
 def command(baseline: Path, candidate: Path, policy: Path, out: Path) -> None:
-    """Compare CANDIDATE with BASELINE under a policy; exit 0 pass, 1 fail, 2 bad input."""
+    """Compare CANDIDATE with BASELINE under a policy; exit 0 pass, 1 fail, 2 bad input, 3 unverifiable."""
     result = gate(baseline, candidate, policy=policy, out=out)
     print_gate(result)
     click.echo(f"wrote {out}")

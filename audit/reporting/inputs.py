@@ -5,7 +5,10 @@ A run directory holds ``manifest.json`` (always) and, once the matching command 
 ``transfer.json`` (``audit transfer``). The result files are read through their writers' readers
 (:func:`attacks.attack_file.read_attack_file`, :func:`audit.bounds.epsilon_file.read_epsilon_file`,
 :func:`audit.transfer.transfer_file.read_transfer_file`): one schema per file, so a malformed or outdated file
-is refused with one line that names the file, the key and the command that re-makes it. So is an ``attack.json``
+is refused with one line that names the file, the key and the command that re-makes it. Each must be signed by
+this auditor's evidence key for the run as it is now (:mod:`foundation.evidence`: the weights and membership files
+hashed against the manifest, the pool, the manifest's claim): an edited file, one received with the run, or one
+written before the claim was edited is refused. So is an ``attack.json``
 or ``epsilon.json`` whose ``inputs`` name other weights, membership or pool than the manifest (stale after a
 retrain, or copied from another run): its figures are not this model's.
 
@@ -30,7 +33,7 @@ from audit.transfer.transfer_file import TransferFile, read_transfer_file
 from foundation.errors import CheckpointError
 from foundation.files import ATTACK_FILE, EPSILON_FILE, METRICS_FILE, TRANSFER_FILE
 from foundation.io import read_json
-from training.run import VerifiedRun, as_run
+from training.run import VerifiedRun, as_run, evidence_identity
 from training.run.freshness import foreign_keys, manifest_identity
 from training.run.manifest import Manifest
 
@@ -109,6 +112,12 @@ class RunFiles:
     run: VerifiedRun | None = None
 
     @property
+    def measured_test_accuracy(self) -> float | None:
+        """Test accuracy as ``audit attack`` measured it on the auditor's data (the signed ``attack.json``): what
+        the gate decides on. ``metrics.json`` is the vendor's record and never decides."""
+        return self.attack.utility.test_accuracy if self.attack is not None else None
+
+    @property
     def test_accuracy(self) -> float | None:
         """Test accuracy from ``metrics.json``, else from ``attack.json``'s utility block."""
         if self.metrics is not None and self.metrics.test_accuracy is not None:
@@ -132,8 +141,10 @@ def load_run(run_dir: str | os.PathLike[str] | VerifiedRun) -> RunFiles:
     """
     run = as_run(run_dir, verify=False, scan_code=False)  # the report and the gate never build a model
     path = run.run_dir
-    attack = _read_optional(path, ATTACK_FILE, read_attack_file)
-    epsilon = _read_optional(path, EPSILON_FILE, read_epsilon_file)
+    ident = evidence_identity(run)  # hashes the weights and membership files against the manifest
+    attack = _read_optional(path, ATTACK_FILE, lambda p: read_attack_file(
+        p, identity={k: v for k, v in ident.items() if k != "claim_sha256"}))  # the attack does not use the claim
+    epsilon = _read_optional(path, EPSILON_FILE, lambda p: read_epsilon_file(p, identity=ident))
     for name, result in ((ATTACK_FILE, attack), (EPSILON_FILE, epsilon)):
         if result is not None:
             _check_made_for(run, name, result.inputs)
@@ -144,7 +155,7 @@ def load_run(run_dir: str | os.PathLike[str] | VerifiedRun) -> RunFiles:
         metrics=_read_metrics(path),
         attack=attack,
         epsilon=epsilon,
-        transfer=_read_optional(path, TRANSFER_FILE, read_transfer_file),
+        transfer=_read_optional(path, TRANSFER_FILE, lambda p: read_transfer_file(p, identity=ident)),
         config=run.config_data,
     )
 

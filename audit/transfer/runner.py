@@ -32,7 +32,7 @@ from audit.transfer.knn import knn_classify
 from audit.transfer.probes import linear_probe
 from audit.transfer.separability import separation_profile
 from audit.transfer.suite import TransferDataset, TransferSuite
-from training.run import VerifiedRun, as_run
+from training.run import VerifiedRun, as_run, evidence_identity
 from training.data import ImageSet, limit_indices, load_dataset
 from training.device import resolve_device
 from foundation.files import TRANSFER_FILE
@@ -249,5 +249,5 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str] | VerifiedRun, suite: T
         "code": run.code.to_dict(),
     })
     path = Path(out_path) if out_path is not None else run_dir / TRANSFER_FILE
-    write_transfer_file(path, data)
+    write_transfer_file(path, data, identity=evidence_identity(run))
     return TransferResult(data=data, path=path)

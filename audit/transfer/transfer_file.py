@@ -16,6 +16,7 @@ re-makes it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -179,18 +180,21 @@ class TransferFile(ResultModel):
         raise KeyError(f"no dataset {dataset!r} in this result; have {[r.dataset for r in self.datasets]}")
 
 
-def read_transfer_file(path: str | os.PathLike[str]) -> TransferFile:
+def read_transfer_file(path: str | os.PathLike[str], *, identity: Mapping[str, Any] | None = None) -> TransferFile:
     """Read and validate ``transfer.json`` (a run directory or the file itself).
 
     Raises:
-        CheckpointError: missing, not JSON, another format or layout, or not this schema (one line: key and
-            remedy).
+        CheckpointError: missing, not JSON, not signed by this auditor (edited or made elsewhere), stale against
+            ``identity`` (:func:`training.run.evidence_identity`) when given, another format or layout, or not
+            this schema (one line: key and remedy).
     """
     path = Path(path)
     path = path / TRANSFER_FILE if path.is_dir() else path
-    return read_result(path, TransferFile, fmt=TRANSFER_FORMAT, remake=f"audit transfer {path.parent}")
+    return read_result(path, TransferFile, fmt=TRANSFER_FORMAT, remake=f"audit transfer {path.parent}",
+                       identity=identity)
 
 
-def write_transfer_file(path: str | os.PathLike[str], data: TransferFile) -> Path:
-    """Write ``data`` to ``path`` (normally ``<run_dir>/transfer.json``) atomically."""
-    return write_result(path, data)
+def write_transfer_file(path: str | os.PathLike[str], data: TransferFile, *, identity: Mapping[str, Any]) -> Path:
+    """Write ``data`` to ``path`` (normally ``<run_dir>/transfer.json``) atomically, signed for ``identity``
+    (:func:`training.run.evidence_identity`)."""
+    return write_result(path, data, identity=identity)

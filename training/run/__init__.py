@@ -19,7 +19,7 @@ whether outputs are current. Every reader and writer of a run directory goes thr
 
 from foundation.files import (CONFIG_FILE, IMPORT_FILE, MANIFEST_FILE, MEMBERSHIP_FILE, METRICS_FILE, STATE_FILE,
                                 TB_DIR, WEIGHTS_FILE, has_recipe, is_complete)
-from training.run.freshness import identity, inputs_digest, inputs_record, is_current
+from training.run.freshness import evidence_identity, identity, inputs_digest, inputs_record, is_current
 from training.run.imported import IMPORT_FORMAT
 from training.run.manifest import (MANIFEST_FORMAT, DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo,
                                    PrivacyInfo, Provenance, build_manifest, write_manifest)
@@ -29,7 +29,8 @@ from training.run.writer import privacy_record, write_membership, write_run, wri
 
 __all__ = [
     "CONFIG_FILE", "IMPORT_FILE", "MANIFEST_FILE", "MEMBERSHIP_FILE", "METRICS_FILE", "STATE_FILE", "TB_DIR",
-    "WEIGHTS_FILE", "has_recipe", "is_complete", "identity", "inputs_digest", "inputs_record", "is_current",
+    "WEIGHTS_FILE", "has_recipe", "is_complete", "evidence_identity", "identity", "inputs_digest", "inputs_record",
+    "is_current",
     "IMPORT_FORMAT", "MANIFEST_FORMAT", "DataInfo", "Manifest", "MembershipInfo", "ModelInfo", "PhaseInfo",
     "PrivacyInfo", "Provenance", "build_manifest", "write_manifest", "VerifiedRun", "as_run", "open_run",
     "write_run", "privacy_record", "write_membership", "write_weights", "Population", "run_population",

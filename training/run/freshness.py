@@ -22,7 +22,7 @@ from training.run.manifest import Manifest
 from training.run.verified import VerifiedRun
 
 __all__ = ["IDENTITY_KEYS", "identity", "inputs_record", "digest", "inputs_digest", "is_current", "manifest_identity",
-           "foreign_keys"]
+           "foreign_keys", "evidence_identity"]
 
 IDENTITY_KEYS = ("weights_sha256", "membership_sha256", "pool_fingerprint")
 
@@ -64,6 +64,18 @@ def manifest_identity(manifest: Manifest) -> dict[str, str]:
     """The run's identity as its manifest records it (:func:`identity` without checking the files)."""
     return {"weights_sha256": manifest.model.weights_sha256, "membership_sha256": manifest.data.membership_sha256,
             "pool_fingerprint": manifest.data.pool_fingerprint}
+
+
+def evidence_identity(run: VerifiedRun | Manifest, *, claim: bool = True) -> dict[str, str]:
+    """What a signed derived file is bound to (:mod:`foundation.evidence`): the run's identity as its manifest
+    records it (weights and membership sha256s, checked against their files when given a :class:`VerifiedRun`;
+    the pool fingerprint) and, with ``claim``, ``claim_sha256``: the sha256 of the manifest's whole privacy block
+    (ε, δ, σ, phases), so a claim edited after the file was written makes it stale. Files whose content does
+    not depend on the claim (``signals.npz``, ``scores.npz``, ``attack.json``) are bound without it: a claim
+    edit then re-makes ``epsilon.json``, not the attack."""
+    manifest = run.manifest if isinstance(run, VerifiedRun) else run
+    ident = identity(run) if isinstance(run, VerifiedRun) else manifest_identity(manifest)  # a run: files checked
+    return {**ident, "claim_sha256": digest(manifest.privacy.model_dump(mode="json"))} if claim else dict(ident)
 
 
 def foreign_keys(recorded: Any, manifest: Manifest) -> list[str]:

@@ -90,7 +90,33 @@ def read_membership(run_dir: Path, manifest: Manifest) -> np.ndarray:
         raise CheckpointError(
             f"membership file {path} must be a bool vector of length {manifest.data.pool_size}, "
             f"got {mask.dtype} {mask.shape}")
+    _check_redraw(mask, manifest, path)
     return mask
+
+
+def _check_redraw(mask: np.ndarray, manifest: Manifest, path: Path) -> None:
+    """A membership the manifest says was drawn Bernoulli(p) from a recorded seed (``audit train``) is drawn
+    again and compared: a mask permuted or re-drawn after training (its sha256 re-recorded) would make every
+    membership-inference figure meaningless, so it is refused.
+
+    Raises:
+        CheckpointError: the mask is not the draw of the recorded seed.
+    """
+    from training.pool import draw_membership
+
+    info = manifest.data.membership
+    if info.scheme != "bernoulli" or info.seed is None or info.p is None or not 0.0 < info.p < 1.0:
+        return
+    expected = draw_membership(mask.size, p=float(info.p), seed=int(info.seed))
+    canaries = manifest.data.canaries or {}
+    if canaries.get("kind") == "auditor" and int(canaries.get("count", 0)) > 0:  # the auditor's package: all IN
+        first = int(canaries.get("first_index", 0))
+        expected[first:first + int(canaries["count"])] = True
+    differ = int((expected != mask).sum())
+    if differ:
+        raise CheckpointError(f"membership file {path} is not the Bernoulli(p={info.p:g}) draw of the recorded seed "
+                              f"{info.seed} ({differ} of {mask.size} entries differ: permuted or re-drawn after "
+                              f"training): refusing to audit")
 
 
 def read_config(run_dir: Path, manifest: Manifest, text: bytes, parse: Callable[[], Any]) -> TrainConfig:
