@@ -24,6 +24,7 @@ and, once audited::
     signals.npz              every model's scaled logits (attacks.signal_cache)
     attack.json, scores.npz  ``audit attack``'s results and per-example scores
     epsilon.json             ``audit epsilon``; transfer.json: ``audit transfer``; pipeline.json: ``audit run``
+    mechanism.json           ``audit mechanism``: the tight audit of the run's DP-SGD mechanism (audit.mechanism)
     report.html/.md/.json    ``audit report`` (report.pdf with --pdf)
     canary_references/       reference models of an auditor's canaries: index.json, <k>/keep.npy, phi.npy,
                              weights.safetensors
@@ -45,7 +46,7 @@ __all__ = ["CANARY_PACKAGE_FILE", "MANIFEST_FILE", "WEIGHTS_FILE", "MEMBERSHIP_F
            "TB_DIR", "LOCK_FILE", "SHADOW_DIR", "INDEX_FILE", "KEEP_FILE", "STAGING_DIR", "SIGNALS_FILE",
            "ATTACK_FILE", "SCORES_FILE", "EPSILON_FILE", "TRANSFER_FILE", "PIPELINE_FILE", "REPORT_HTML_FILE",
            "REPORT_MD_FILE", "REPORT_JSON_FILE", "REPORT_PDF_FILE", "CANARY_REFERENCE_DIR", "PHI_FILE",
-           "REFERENCE_WEIGHTS_FILE", "CANARY_SECRET_FILE", "COMMITMENT_FILE", "GATE_FILE", "RUN_DIR_MARKERS",
+           "REFERENCE_WEIGHTS_FILE", "CANARY_SECRET_FILE", "COMMITMENT_FILE", "GATE_FILE", "MECHANISM_FILE", "RUN_DIR_MARKERS",
            "has_recipe", "is_complete"]
 
 # ------------------------------------------------------------------------------------- written by training
@@ -56,6 +57,7 @@ CONFIG_FILE = "config.yaml"
 IMPORT_FILE = "import.json"
 METRICS_FILE = "metrics.json"
 CANARY_PACKAGE_FILE = "canary_package.npz"
+MECHANISM_FILE = "mechanism.json"
 INIT_WEIGHTS_FILE = "model_init.safetensors"
 GRADIENT_CANARY_FILE = "gradient_canaries.npy"
 INPUT_CANARY_FILE = "input_canaries.npz"

@@ -1,0 +1,109 @@
+"""``mechanism.json``: the result of a mechanism audit (:func:`audit.mechanism.api.audit_mechanism`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from audit.bounds.estimate import EpsilonEstimate
+from audit.bounds.verdict import Verdict, verdict
+from audit.mechanism.estimate import MechanismClaim, mechanism_estimate
+from audit.mechanism.scoring import trial_scores
+from foundation.files import MECHANISM_FILE
+from foundation.result_json import Real, ResultModel, read_result, write_result
+
+__all__ = ["MECHANISM_FORMAT", "MechanismResult", "score_and_judge", "make_result", "write_mechanism", "read_mechanism"]
+
+MECHANISM_FORMAT = "dp-audit-mechanism/1"
+
+
+class MechanismResult(ResultModel):
+    """What a mechanism audit found: the claim, the trials, the ε lower bound and the verdict.
+
+    Attributes:
+        format: :data:`MECHANISM_FORMAT`.
+        target: what was audited, e.g. ``"engine hooks/flat"`` or ``"opacus DPOptimizer"``.
+        noise_multiplier, sample_rate, steps, max_grad_norm, delta: the claim's σ, q, T, C, δ.
+        claimed_epsilon: ε of the claim (its accountant at σ, q, T, δ); accountant: which one.
+        runs, canaries_per_run, trials_in, trials_out: how many runs and trials (one canary = one trial).
+        epsilon_lb: ε lower bound at confidence 1 − alpha (:func:`audit.mechanism.estimate.mechanism_estimate`).
+        tightness: epsilon_lb / claimed_epsilon.
+        sigma_ub: every noise multiplier above it is refuted; claim_refuted: σ > sigma_ub.
+        mu_lb: GDP μ lower bound (full batch), else None.
+        epsilon_lb_direct: the assumption-free Clopper–Pearson (ε, δ) bound of the same trials (at alpha).
+        threshold, fpr_ub, fnr_ub, n_thresholds: the deciding test.
+        alpha: significance level; cpu_seconds: CPU time of the audit; seed; mutant: a planted bug or None.
+        verdict: the :class:`~audit.bounds.verdict.Verdict` against the claimed (ε, δ).
+    """
+
+    format: str
+    target: str
+    noise_multiplier: Real
+    sample_rate: Real
+    steps: int
+    max_grad_norm: Real
+    delta: Real
+    claimed_epsilon: Real
+    accountant: str
+    runs: int
+    canaries_per_run: int
+    trials_in: int
+    trials_out: int
+    epsilon_lb: Real
+    tightness: Real
+    sigma_ub: Real
+    claim_refuted: bool
+    mu_lb: Real | None
+    epsilon_lb_direct: Real
+    threshold: Real
+    fpr_ub: Real
+    fnr_ub: Real
+    n_thresholds: int
+    alpha: Real
+    cpu_seconds: Real
+    seed: int
+    mutant: str | None
+    verdict: Verdict
+
+
+def score_and_judge(*, x: np.ndarray, members: np.ndarray, claim: MechanismClaim, alpha: float
+                    ) -> tuple[EpsilonEstimate, Verdict]:
+    """Score every trial exactly, bound ε and judge the claim."""
+    s = trial_scores(x, noise_multiplier=claim.noise_multiplier, sample_rate=claim.sample_rate)
+    members = np.asarray(members, dtype=bool)
+    est = mechanism_estimate(scores_in=s[members], scores_out=s[~members], claim=claim, alpha=alpha)
+    return est, verdict(claimed_epsilon=claim.epsilon, estimates=[est], claimed_delta=claim.delta,
+                        sources=["dirac_canaries"])
+
+
+def make_result(*, target: str, claim: MechanismClaim, max_grad_norm: float, runs: int, canaries_per_run: int,
+                members: np.ndarray, est: EpsilonEstimate, v: Verdict, cpu_seconds: float, seed: int,
+                mutant: str | None) -> MechanismResult:
+    """Assemble the :class:`MechanismResult` of an audit."""
+    e = est.extra
+    return MechanismResult.from_data(dict(
+        format=MECHANISM_FORMAT, target=target, noise_multiplier=claim.noise_multiplier,
+        sample_rate=claim.sample_rate, steps=claim.steps, max_grad_norm=float(max_grad_norm), delta=claim.delta,
+        claimed_epsilon=claim.epsilon, accountant=claim.accountant, runs=int(runs),
+        canaries_per_run=int(canaries_per_run), trials_in=int(np.sum(members)),
+        trials_out=int(np.size(members) - np.sum(members)), epsilon_lb=est.epsilon_lb,
+        tightness=est.epsilon_lb / claim.epsilon, sigma_ub=e["sigma_ub"], claim_refuted=e["claim_refuted"],
+        mu_lb=e["mu_lb"], epsilon_lb_direct=e["epsilon_lb_direct"], threshold=e["threshold"], fpr_ub=e["fpr_ub"],
+        fnr_ub=e["fnr_ub"], n_thresholds=e["n_thresholds"], alpha=est.alpha, cpu_seconds=float(cpu_seconds),
+        seed=int(seed), mutant=mutant, verdict=v.model_dump(mode="json")))
+
+
+def write_mechanism(run_dir: str | Path, result: MechanismResult) -> Path:
+    """Write ``mechanism.json`` into ``run_dir`` (atomically)."""
+    path = Path(run_dir) / MECHANISM_FILE
+    write_result(path, result)
+    return path
+
+
+def read_mechanism(run_dir: str | Path) -> MechanismResult | None:
+    """``run_dir``'s ``mechanism.json``, or None when there is none."""
+    path = Path(run_dir) / MECHANISM_FILE
+    if not path.is_file():
+        return None
+    return read_result(path, MechanismResult, fmt=MECHANISM_FORMAT, remake=f"audit mechanism {run_dir}")
