@@ -31,8 +31,8 @@ from training.data import ImageSet, to_float_tensor
 from foundation.errors import ConfigError
 from training.evaluate import accuracy
 from training.models import build_model, count_parameters
-from training.run.manifest import Manifest, PhaseInfo
-from training.run.writer import privacy_record, write_run
+from training.run.manifest import Manifest
+from training.run.writer import phase_record, privacy_record, write_run
 from training.threads import ThreadBudget, model_work, using_threads
 
 __all__ = ["Executor", "resolve_executor", "train_shadow_models", "write_batched_run"]
@@ -82,12 +82,12 @@ def write_batched_run(run_dir: Path, *, cfg: TrainConfig, recipe: ShadowRecipe, 
                "epsilon_spent": None, "final_loss": None, "wall_seconds": wall_seconds, "history": [],
                "trainer": "batched (training.dp.batched.train_many)"}
     pc, optim = cfg.privacy, cfg.optim
-    phase = PhaseInfo(
+    phase = phase_record(
         name="private" if recipe.dp else "non-private", dp=recipe.dp, dataset=cfg.data.dataset,
         noise_multiplier=recipe.noise_multiplier, sample_rate=min(1.0, recipe.batch_size / int(mask.sum())),
         steps=recipe.steps, batch_size=recipe.batch_size, sampling=pc.sampling, max_grad_norm=recipe.max_grad_norm,
-        clipping="flat" if recipe.dp else None, grad_sample_mode="functorch (batched)" if recipe.dp else None,
-        optimizer=optim.name, lr=optim.lr, frozen=list(built.frozen))
+        clipping="flat", grad_sample_mode="functorch (batched)", optimizer=optim.name, lr=optim.lr,
+        frozen=built.frozen)
     privacy = privacy_record(phases=[phase], delta=recipe.delta, notes=[
         f"reference model for auditing {target_name!r}: trained with the target's recipe on a keep mask; it makes "
         f"no privacy claim of its own"])

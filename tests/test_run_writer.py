@@ -19,7 +19,7 @@ from training.run import writer
 ROOT = Path(__file__).resolve().parents[1]
 #: what only the writer (and the manifest module that defines them) may call
 WRITER_ONLY = {"build_manifest", "write_manifest", "write_weights", "write_membership", "PrivacyInfo",
-               "MembershipInfo"}
+               "MembershipInfo", "PhaseInfo"}
 HOMES = {"training/run/writer.py", "training/run/manifest.py"}
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -42,7 +42,7 @@ def test_no_product_module_builds_a_manifest_or_privacy_block_itself():
             rel = path.relative_to(ROOT).as_posix()
             if rel not in HOMES and (hit := _called_names(path.read_text()) & WRITER_ONLY):
                 offenders.append(f"{rel}: {sorted(hit)}")
-    assert not offenders, "use training.run.writer (write_run, privacy_record):\n" + "\n".join(offenders)
+    assert not offenders, "use training.run.writer (write_run, privacy_record, phase_record):\n" + "\n".join(offenders)
 
 
 def _keys(obj, prefix=""):

@@ -30,6 +30,7 @@ from training.data import RowArray, to_float_tensor
 from training.dp.recipe import TrainRecipe
 from training.dp.sampling import BatchSampler, make_sampler
 from training.run.manifest import PhaseInfo
+from training.run.writer import phase_record
 
 __all__ = ["PhaseSpec", "CARRY_MODES", "carry_optimizer_state", "set_trainable", "FIRST_MOMENT_KEYS"]
 
@@ -136,12 +137,11 @@ class PhaseSpec:
     def phase_info(self, *, steps_done: int, frozen: Sequence[str], epsilon: float | None = None) -> PhaseInfo:
         """The manifest entry of this phase after ``steps_done`` steps."""
         pc = self.privacy
-        return PhaseInfo(
-            name=self.name, dp=self.dp, dataset=self.dataset, noise_multiplier=self.sigma if self.dp else None,
-            sample_rate=self.sample_rate, steps=int(steps_done), batch_size=self.batch_size, sampling=pc.sampling,
-            max_grad_norm=pc.max_grad_norm if self.dp else None, clipping=pc.clipping if self.dp else None,
-            grad_sample_mode=pc.grad_sample_mode if self.dp else None, optimizer=self.optim.name, lr=self.optim.lr,
-            frozen=list(frozen), epsilon=epsilon)
+        return phase_record(
+            name=self.name, dp=self.dp, dataset=self.dataset, noise_multiplier=self.sigma, sample_rate=self.sample_rate,
+            steps=int(steps_done), batch_size=self.batch_size, sampling=pc.sampling, max_grad_norm=pc.max_grad_norm,
+            clipping=pc.clipping, grad_sample_mode=pc.grad_sample_mode, optimizer=self.optim.name, lr=self.optim.lr,
+            frozen=frozen, epsilon=epsilon)
 
 
 def set_trainable(model: nn.Module, names: Sequence[str] | None) -> list[str]:

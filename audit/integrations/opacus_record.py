@@ -58,9 +58,10 @@ def phases_from_steps(steps: list[tuple[float, float, float]], *, batch_size: in
             runs[-1][1] += 1
         else:
             runs.append([s, 1])
-    return [PhaseInfo(name="opacus" if len(runs) == 1 else f"opacus-{k}", dp=True, noise_multiplier=sigma,
-                      sample_rate=q, steps=t, batch_size=batch_size, sampling=sampling, max_grad_norm=C,
-                      clipping=_CLIPPING[clipping], grad_sample_mode=grad_sample_mode, optimizer=optimizer, lr=lr)
+    return [run_writer.phase_record(name="opacus" if len(runs) == 1 else f"opacus-{k}", dp=True,
+                                    noise_multiplier=sigma, sample_rate=q, steps=t, batch_size=batch_size,
+                                    sampling=sampling, max_grad_norm=C, clipping=_CLIPPING[clipping],
+                                    grad_sample_mode=grad_sample_mode, optimizer=optimizer, lr=lr)
             for k, ((sigma, q, C), t) in enumerate(runs)]
 
 

@@ -5,7 +5,8 @@
 all finish a run directory with :func:`write_run`. It writes ``config.yaml`` (when given), ``model.safetensors``,
 ``membership.npy`` and ``metrics.json`` atomically, takes every sha256 from the bytes it wrote, describes the
 membership from the mask itself, counts the parameters, and writes ``manifest.json`` last: its presence marks the
-directory complete. The privacy block is built by :func:`privacy_record` (one rule for whether a run claims DP).
+directory complete. The privacy block is built by :func:`privacy_record` (one rule for whether a run claims DP)
+from :func:`phase_record` entries (one rule for what a phase without DP records).
 A producer writes its own extra files (``import.json``, gradient canaries, ...) before calling :func:`write_run`.
 
 >>> import tempfile, torch
@@ -40,7 +41,7 @@ from training.run.manifest import Manifest, MembershipInfo, PhaseInfo, PrivacyIn
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["write_run", "privacy_record", "write_weights", "write_membership"]
+__all__ = ["write_run", "privacy_record", "phase_record", "write_weights", "write_membership"]
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -72,6 +73,25 @@ def write_membership(run_dir: str | os.PathLike[str], mask: np.ndarray) -> str:
     data = buf.getvalue()
     _write_bytes(Path(run_dir) / MEMBERSHIP_FILE, data)
     return sha256_bytes(data)
+
+
+def phase_record(*, name: str, dp: bool, steps: int, sample_rate: float | None, batch_size: int | None,
+                 sampling: str = "poisson", optimizer: str | None = None, lr: float | None = None,
+                 frozen: Sequence[str] = (), dataset: str | None = None, noise_multiplier: float | None = None,
+                 max_grad_norm: float | None = None, clipping: str | None = None,
+                 grad_sample_mode: str | None = None, epsilon: float | None = None) -> PhaseInfo:
+    """One training phase of the privacy block. A non-DP phase records no σ, C, clipping or per-sample gradient
+    mode, whatever the config held (the one rule every producer follows).
+
+    >>> phase_record(name="public", dp=False, steps=10, sample_rate=0.1, batch_size=8, noise_multiplier=1.0,
+    ...              max_grad_norm=1.0, clipping="flat").noise_multiplier is None
+    True
+    """
+    return PhaseInfo(name=name, dp=dp, dataset=dataset, noise_multiplier=noise_multiplier if dp else None,
+                     sample_rate=sample_rate, steps=int(steps), batch_size=batch_size, sampling=sampling,
+                     max_grad_norm=max_grad_norm if dp else None, clipping=clipping if dp else None,
+                     grad_sample_mode=grad_sample_mode if dp else None, optimizer=optimizer, lr=lr,
+                     frozen=list(frozen), epsilon=epsilon)
 
 
 def privacy_record(*, phases: Sequence[PhaseInfo] = (), epsilon: float | None = None, delta: float | None = None,
