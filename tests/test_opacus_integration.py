@@ -25,7 +25,7 @@ def _digits():
 
 
 def user_script(run_dir, *, sigma=1.0, steps=40, canaries=500, claimed_epsilon=None, input_canaries=0,
-                ghost=False, bmm=False, seed=0, n=240):
+                ghost=False, bmm=False, seed=0, n=240, mode=None):
     """A plain Opacus training script of the kind users write, plus the auditor lines (marked)."""
     from opacus import PrivacyEngine
     from opacus.utils.batch_memory_manager import BatchMemoryManager
@@ -41,6 +41,8 @@ def user_script(run_dir, *, sigma=1.0, steps=40, canaries=500, claimed_epsilon=N
     loader = torch.utils.data.DataLoader(train, batch_size=120)
     engine = PrivacyEngine(accountant="rdp")
     kw = dict(grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss()) if ghost else {}
+    if mode is not None:
+        kw = dict(grad_sample_mode=mode)
     out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
                               max_grad_norm=1.0, noise_generator=torch.Generator().manual_seed(seed), **kw)
     if ghost:  # ghost clipping also returns the criterion that runs the second backward pass
@@ -160,6 +162,12 @@ def test_ghost_clipping_and_batch_memory_manager(tmp_path):
     assert _gradient_bounds(rep)["one_run"] > 1.0  # canaries reach the ghost-clipped sum
     assert bmm.manifest.privacy.phases[0].steps == 10  # one canary draw per logical step, not per physical batch
     assert bmm.manifest.privacy.epsilon == engine.get_epsilon(1e-5)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch"])
+def test_manifest_records_the_grad_sample_mode_used(tmp_path, mode):
+    run, _, _ = user_script(tmp_path / mode, steps=2, canaries=10, mode=mode)
+    assert run.manifest.privacy.phases[0].grad_sample_mode == mode
 
 
 def test_input_canaries_recorded_scores_and_report(tmp_path):

@@ -214,7 +214,11 @@ def _size_fingerprint(n: int) -> str:
 
 
 def _grad_sample_mode(model: nn.Module) -> str | None:
+    """The engine's ``grad_sample_mode`` as Opacus names it: ``make_private(grad_sample_mode="functorch")``
+    builds the same ``GradSampleModule`` class as ``"hooks"``, with ``force_functorch`` set."""
     name = type(model).__name__
+    if name == "GradSampleModule" and getattr(model, "force_functorch", False):
+        return "functorch"
     return {"GradSampleModule": "hooks", "GradSampleModuleExpandedWeights": "ew",
             "GradSampleModuleFastGradientClipping": "ghost"}.get(name, None)
 
