@@ -110,10 +110,11 @@ class PopulationRecord(ResultModel):
 
 
 class AttackSetup(ResultModel):
-    _omit_if_none = frozenset({"population", "ray_address"})
+    _omit_if_none = frozenset({"population", "ray_address", "queries_from"})
 
     n_reference: int
     augmentations: list[str]
+    queries_from: str | None = None  # where the augmentations came from (absent: older file)
     pool_size: int
     n_members: int
     n_population: int

@@ -4,8 +4,12 @@ One strict, frozen model: unknown or misspelt keys are errors, attack names come
 (:func:`attacks.registry.attack_names`). :func:`attacks.runner.run_attack` takes it as it is.
 
 >>> cfg = AttackConfig(attacks=("loss", "lira_online"), n_reference=4)
->>> cfg.needs_references, cfg.augmentations.names
-(True, ('identity', 'hflip'))
+>>> cfg.flip, cfg.shifts                  # default: the queries follow the target's training augmentation
+('auto', 'auto')
+>>> cfg.for_target(None).augmentations.names   # no recipe recorded (an import): the image as it is
+('identity',)
+>>> AttackConfig(flip=True).for_target(None).augmentations.names
+('identity', 'hflip')
 >>> fit_to_run(cfg, has_recipe=False, attacks_chosen=False)[0].attacks
 ('loss', 'attack_p')
 """
@@ -36,8 +40,10 @@ class AttackConfig(Strict):
     n_reference: int = Field(16, ge=0, description="reference (shadow) models K: even, every pool example IN for "
                              "exactly K/2 of them; 0: only reference-free attacks")
     attacks: tuple[str, ...] = Field(default_factory=attack_names, description="attacks to run (registry names)")
-    flip: bool = Field(True, description="query the horizontal flip too")
-    shifts: int = Field(0, ge=0, description="query +-k pixel shifts")
+    flip: bool | Literal["auto"] = Field("auto", description="query the horizontal flip too; auto: when the "
+                                         "target trained with flips (training.augment.flip)")
+    shifts: int | Literal["auto"] = Field("auto", description="query +-k pixel shifts; auto: the target's "
+                                          "training.augment.crop_padding (0 when it trained without crops)")
     executor: Literal["auto", "batched", "sequential", "ray"] = Field(
         "auto", description="how reference models train: auto (batched when the recipe allows, else sequential), "
                             "batched, sequential, or ray (tasks on a local Ray or a cluster)")
@@ -82,6 +88,8 @@ class AttackConfig(Strict):
         unknown = [a for a in self.attacks if a not in valid]
         if unknown:
             raise ValueError(f"attack.attacks: unknown attack(s) {unknown}; valid: {', '.join(valid)}")
+        if isinstance(self.shifts, int) and self.shifts < 0:
+            raise ValueError(f"attack.shifts must be >= 0 or 'auto', got {self.shifts}")
         self._check_n_reference()
         try:
             self.ray_options()
@@ -125,8 +133,31 @@ class AttackConfig(Strict):
 
     @property
     def augmentations(self) -> AugmentationSpec:
-        """The augmented queries of every example."""
+        """The augmented queries of every example (``auto`` settings resolved first: :meth:`for_target`)."""
+        if self.flip == "auto" or self.shifts == "auto":
+            raise ValueError("attack.flip/shifts are 'auto': resolve them with for_target(the target's recipe)")
         return AugmentationSpec(flip=bool(self.flip), shifts=int(self.shifts))
+
+    def for_target(self, recipe: object | None) -> AttackConfig:
+        """``flip``/``shifts`` of ``auto`` resolved from the target's training recipe (a
+        :class:`~training.config.TrainConfig`, or None when none was recorded): query the target as it was
+        trained (LiRA queries in distribution; a flip a model never saw only blurs its signal). No recipe: the
+        image as it is."""
+        augment = getattr(getattr(recipe, "training", None), "augment", None)
+        update: dict[str, object] = {}
+        if self.flip == "auto":
+            update["flip"] = bool(getattr(augment, "flip", False))
+        if self.shifts == "auto":
+            update["shifts"] = int(getattr(augment, "crop_padding", 0))
+        return self.model_copy(update=update) if update else self
+
+    def queries_from(self, recipe: object | None) -> str:
+        """Where the query augmentations came from, for ``attack.json``'s setup."""
+        auto = [k for k in ("flip", "shifts") if getattr(self, k) == "auto"]
+        if not auto:
+            return "set (attack.flip, attack.shifts)"
+        src = "the target's training.augment" if recipe is not None else "no recipe recorded: identity"
+        return f"{', '.join('attack.' + k for k in auto)}: auto ({src})"
 
     @property
     def needs_references(self) -> bool:

@@ -154,6 +154,8 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
     """:func:`run_attack` with the run directory locked."""
     say = _logger(progress)
     target = as_run(run_dir, trust_code=trust_code)
+    queries_from = settings.queries_from(target.config)
+    settings = settings.for_target(target.config)  # attack.flip/shifts 'auto': as the target was trained
     _check_attacks(settings, target)
     device = resolve_device(settings.device, field="attack.device")
     shadows: ShadowSet | None = None
@@ -196,7 +198,8 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         "format": ATTACK_FORMAT,
         "run": target.manifest.run_name,
         "inputs": inputs_record(target, config_sha256=settings.sha256()),
-        "setup": {"n_reference": k, "augmentations": list(settings.augmentations.names), "pool_size": len(labels),
+        "setup": {"n_reference": k, "augmentations": list(settings.augmentations.names),
+                  "queries_from": queries_from, "pool_size": len(labels),
                   "n_members": int(target.membership.sum()), "n_population": int(phi.population.shape[1]),
                   "population_rule": phi.population_rule if phi.population.shape[1] else "none",
                   "population": phi.population_record,
@@ -227,7 +230,7 @@ def attack_is_complete(run_dir: str | os.PathLike[str] | VerifiedRun, config: At
     try:
         run = as_run(run_dir, verify=False)
         report = read_attack_file(path, identity=evidence_identity(run, claim=False))
-        if not is_current(report.inputs, run, config_sha256=_settings(config).sha256()):
+        if not is_current(report.inputs, run, config_sha256=_settings(config).for_target(run.config).sha256()):
             return False
         check_scores_identity(run)
         return True

@@ -67,7 +67,8 @@ def test_attack_json_has_the_documented_schema(attacked) -> None:
     assert report["inputs"]["weights_sha256"] == manifest["model"]["weights_sha256"]
     assert report["inputs"]["membership_sha256"] == manifest["data"]["membership_sha256"]
     assert report["inputs"]["pool_fingerprint"] == manifest["data"]["pool_fingerprint"]
-    assert set(report["setup"]) == {"n_reference", "augmentations", "pool_size", "n_members", "n_population",
+    assert set(report["setup"]) == {"n_reference", "augmentations", "queries_from", "pool_size", "n_members",
+                                    "n_population",
                                     "population_rule", "population", "evaluation", "recipe_hash", "executor",
                                     "shadow_train_seconds"}
     setup = report["setup"]
@@ -259,8 +260,13 @@ def test_attack_settings_come_from_the_runs_variant(tmp_path: Path) -> None:
 def test_attack_config_is_strict_and_its_hash_is_stable() -> None:
     # pinned: a change here makes every earlier attack.json stale (re-made by audit attack / audit run). It changed
     # last when the defaults changed results: population 'all', offline RMIA's a tuned, ties broken, LiRA median
-    assert AttackConfig().sha256() == "4a8eabccd32738e4ff1eb884ac68355ef8dc525a67cf384a007bbbed44e508b5"
-    cfg = AttackConfig(n_reference=4, attacks=("loss", "rmia_offline"), shifts=1, seed=3, workers=4)
+    # last when the defaults changed results: population 'all', offline RMIA's a tuned, ties broken, LiRA median.
+    # attack.flip/shifts default to 'auto' (the target's augmentation); what attack.json records is the resolved
+    # config, whose hash for a flip-trained target is the earlier default's, so those files stay current
+    flip_trained = AttackConfig(flip=True, shifts=0)
+    assert flip_trained.sha256() == "4a8eabccd32738e4ff1eb884ac68355ef8dc525a67cf384a007bbbed44e508b5"
+    assert AttackConfig().sha256() == "188ad70407716629d4947a3af6bed5d744f017378c2c47c06aeacf06d4f4d0ff"
+    cfg = AttackConfig(n_reference=4, attacks=("loss", "rmia_offline"), flip=True, shifts=1, seed=3, workers=4)
     assert cfg.sha256() == "1e96105e78fa6b9c7fd821445d98c4730649f6b0f4bd55b7220fb248e8270b71"
     assert AttackConfig().attacks == attack_names()
     with pytest.raises(ValueError, match="n_refs"):

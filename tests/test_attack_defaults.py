@@ -1,0 +1,47 @@
+"""Attack defaults follow the target's recipe: a model trained without flips is queried as it is (identity), so the
+default attack equals `attack.flip=false` (issue 34's MLP: the flip query had cut LOSS AUC from 0.915 to 0.737);
+one trained with flips and crops is queried with them. What was used, and why, is recorded in attack.json."""
+
+from __future__ import annotations
+
+import pytest
+
+from attacks.config import AttackConfig
+from attacks.runner import run_attack
+from training.config import TrainConfig
+from training.trainer import train
+
+
+def _train(tmp_path, name: str, augment: dict) -> object:
+    return train(TrainConfig.model_validate({
+        "name": name, "output_dir": str(tmp_path),
+        "data": {"dataset": "digits", "pool_size": 300, "test_size": 100, "audit_split": True},
+        "model": {"arch": "mlp"},
+        "privacy": {"enabled": False},
+        "optim": {"name": "adam", "lr": 0.01},
+        "training": {"steps": 60, "batch_size": 64, "progress": False, "augment": augment}}))
+
+
+def _attack(run_dir, **kw):
+    cfg = AttackConfig(attacks=("loss",), n_reference=0, evaluation="target", n_bootstrap=10, population=0, **kw)
+    return run_attack(run_dir=run_dir, config=cfg, progress=False).report
+
+
+def test_model_trained_without_flips_is_attacked_with_the_identity_query(tmp_path) -> None:
+    run = _train(tmp_path, "noflip", {})
+    default = _attack(run.run_dir)
+    assert default.setup.augmentations == ["identity"]
+    assert "auto" in default.setup.queries_from and "training.augment" in default.setup.queries_from
+    identity = _attack(run.run_dir, flip=False, shifts=0)
+    assert default.attacks["loss"].metrics.auc == identity.attacks["loss"].metrics.auc
+    flipped = _attack(run.run_dir, flip=True, shifts=0)
+    assert flipped.setup.augmentations == ["identity", "hflip"]
+    assert flipped.attacks["loss"].metrics.auc != pytest.approx(identity.attacks["loss"].metrics.auc, abs=1e-9)
+    assert flipped.setup.queries_from == "set (attack.flip, attack.shifts)"
+
+
+def test_model_trained_with_flips_and_crops_is_queried_with_them(tmp_path) -> None:
+    run = _train(tmp_path, "flip", {"flip": True, "crop_padding": 1})
+    report = _attack(run.run_dir)
+    assert report.setup.augmentations[:2] == ["identity", "hflip"] or "hflip" in report.setup.augmentations
+    assert len(report.setup.augmentations) == 2 * 9   # flip x (dy, dx) in {-1, 0, 1}^2
