@@ -115,8 +115,8 @@ def select_variant(cfg: RunConfig, name: str | None) -> RunConfig:
                           f"(audit run runs them all)")
     if name not in cfg.variants:
         raise ConfigError(f"unknown variant '{name}'; this config defines: {', '.join(cfg.variants)}")
-    data = cfg.model_dump()
-    data.pop("variants")
+    data = cfg.model_dump(exclude_unset=True)  # defaults that follow other keys (a non-DP run shuffles) re-derive
+    data.pop("variants", None)
     data = apply_overrides(data, dict(cfg.variants[name]))
     data["name"] = f"{cfg.name}-{name}"
     data["variant"] = name

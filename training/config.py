@@ -176,10 +176,20 @@ class PrivacyConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0.0)
     clipping: Literal["flat", "per_layer", "automatic"] = "flat"
     auto_gamma: float = Field(0.01, gt=0.0, description="gamma in automatic clipping g/(||g||+gamma)")
-    sampling: Literal["poisson", "shuffle"] = "poisson"
+    sampling: Literal["poisson", "shuffle"] = Field(
+        "poisson", description="poisson (what the DP analysis assumes); a non-DP run defaults to shuffle (epochs "
+        "of fixed-size batches, as non-private training does)")
     accountant: Literal["prv", "rdp", "pld"] = "prv"
     grad_sample_mode: Literal["hooks", "functorch", "ghost", "bk", "fused"] = "hooks"
     secure_mode: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _non_dp_shuffles(cls, data: Any) -> Any:
+        """Without DP nothing needs Poisson batches: unless ``sampling`` is set, a non-DP run shuffles."""
+        if isinstance(data, dict) and data.get("enabled") is False and "sampling" not in data:
+            return {**data, "sampling": "shuffle"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "PrivacyConfig":

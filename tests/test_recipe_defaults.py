@@ -1,6 +1,7 @@
-"""Attack defaults follow the target's recipe: a model trained without flips is queried as it is (identity), so the
-default attack equals `attack.flip=false` (issue 34's MLP: the flip query had cut LOSS AUC from 0.915 to 0.737);
-one trained with flips and crops is queried with them. What was used, and why, is recorded in attack.json."""
+"""Defaults follow the recipe. Attack queries follow the target's training augmentation: a model trained without flips is
+queried as it is (identity), so the default attack equals `attack.flip=false` (issue 34's MLP: the flip query had cut
+LOSS AUC from 0.915 to 0.737); one trained with flips and crops is queried with them; attack.json records which and
+why. A non-DP phase shuffles (nothing needs Poisson batches without DP) unless `privacy.sampling` says otherwise."""
 
 from __future__ import annotations
 
@@ -45,3 +46,17 @@ def test_model_trained_with_flips_and_crops_is_queried_with_them(tmp_path) -> No
     report = _attack(run.run_dir)
     assert report.setup.augmentations[:2] == ["identity", "hflip"] or "hflip" in report.setup.augmentations
     assert len(report.setup.augmentations) == 2 * 9   # flip x (dy, dx) in {-1, 0, 1}^2
+
+
+def test_non_dp_phases_shuffle_unless_told(tmp_path) -> None:
+    from audit.config import load_run_config, select_variant
+
+    assert TrainConfig.model_validate({"privacy": {"enabled": False}}).privacy.sampling == "shuffle"
+    assert TrainConfig.model_validate({"privacy": {"noise_multiplier": 1.0}}).privacy.sampling == "poisson"
+    assert TrainConfig.model_validate({"privacy": {"enabled": False, "sampling": "poisson"}}).privacy.sampling \
+        == "poisson"
+    cfg = load_run_config("eval_configs/quickstart.yaml")   # a variant that turns DP off shuffles too
+    assert select_variant(cfg, "nondp").train_config().privacy.sampling == "shuffle"
+    assert select_variant(cfg, "dp-eps8").train_config().privacy.sampling == "poisson"
+    run = _train(tmp_path, "nondp", {})
+    assert [ph.sampling for ph in run.manifest.privacy.phases] == ["shuffle"]
