@@ -17,7 +17,8 @@ One strict, frozen model: unknown or misspelt keys are errors, attack names come
 from __future__ import annotations
 
 import json
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -138,25 +139,25 @@ class AttackConfig(Strict):
             raise ValueError("attack.flip/shifts are 'auto': resolve them with for_target(the target's recipe)")
         return AugmentationSpec(flip=bool(self.flip), shifts=int(self.shifts))
 
-    def for_target(self, recipe: object | None) -> AttackConfig:
-        """``flip``/``shifts`` of ``auto`` resolved from the target's training recipe (a
-        :class:`~training.config.TrainConfig`, or None when none was recorded): query the target as it was
-        trained (LiRA queries in distribution; a flip a model never saw only blurs its signal). No recipe: the
-        image as it is."""
-        augment = getattr(getattr(recipe, "training", None), "augment", None)
+    def for_target(self, augment: Mapping[str, Any] | None) -> AttackConfig:
+        """``flip``/``shifts`` of ``auto`` resolved from the target's training augmentation (its config's
+        ``training.augment`` mapping, or None when no recipe was recorded): query the target as it was trained
+        (LiRA queries in distribution; a flip a model never saw only blurs its signal). No recipe: the image as
+        it is."""
+        augment = augment or {}
         update: dict[str, object] = {}
         if self.flip == "auto":
-            update["flip"] = bool(getattr(augment, "flip", False))
+            update["flip"] = bool(augment.get("flip", False))
         if self.shifts == "auto":
-            update["shifts"] = int(getattr(augment, "crop_padding", 0))
+            update["shifts"] = int(augment.get("crop_padding", 0) or 0)
         return self.model_copy(update=update) if update else self
 
-    def queries_from(self, recipe: object | None) -> str:
+    def queries_from(self, has_recipe: bool) -> str:
         """Where the query augmentations came from, for ``attack.json``'s setup."""
         auto = [k for k in ("flip", "shifts") if getattr(self, k) == "auto"]
         if not auto:
             return "set (attack.flip, attack.shifts)"
-        src = "the target's training.augment" if recipe is not None else "no recipe recorded: identity"
+        src = "the target's training.augment" if has_recipe else "no recipe recorded: identity"
         return f"{', '.join('attack.' + k for k in auto)}: auto ({src})"
 
     @property

@@ -53,6 +53,15 @@ __all__ = ["AttackResult", "run_attack", "measure_utility", "attack_is_complete"
 
 
 
+def recipe_augment(run: VerifiedRun) -> dict[str, Any] | None:
+    """The target's ``training.augment`` as its ``config.yaml`` records it (None: no recipe, an import)."""
+    data = run.config_data
+    if data is None:
+        return None
+    augment = (data.get("training") or {}).get("augment") or {}
+    return augment if isinstance(augment, dict) else {}
+
+
 def _settings(config: AttackConfig) -> AttackConfig:
     if not isinstance(config, AttackConfig):
         raise TypeError(f"config must be an attacks.config.AttackConfig, got {type(config).__name__}")
@@ -154,8 +163,8 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
     """:func:`run_attack` with the run directory locked."""
     say = _logger(progress)
     target = as_run(run_dir, trust_code=trust_code)
-    queries_from = settings.queries_from(target.config)
-    settings = settings.for_target(target.config)  # attack.flip/shifts 'auto': as the target was trained
+    queries_from = settings.queries_from(target.config_data is not None)
+    settings = settings.for_target(recipe_augment(target))  # attack.flip/shifts 'auto': as the target was trained
     _check_attacks(settings, target)
     device = resolve_device(settings.device, field="attack.device")
     shadows: ShadowSet | None = None
@@ -230,7 +239,8 @@ def attack_is_complete(run_dir: str | os.PathLike[str] | VerifiedRun, config: At
     try:
         run = as_run(run_dir, verify=False)
         report = read_attack_file(path, identity=evidence_identity(run, claim=False))
-        if not is_current(report.inputs, run, config_sha256=_settings(config).for_target(run.config).sha256()):
+        settings = _settings(config).for_target(recipe_augment(run))
+        if not is_current(report.inputs, run, config_sha256=settings.sha256()):
             return False
         check_scores_identity(run)
         return True

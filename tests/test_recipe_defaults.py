@@ -5,6 +5,7 @@ why. A non-DP phase shuffles (nothing needs Poisson batches without DP) unless `
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from attacks.config import AttackConfig
@@ -60,3 +61,21 @@ def test_non_dp_phases_shuffle_unless_told(tmp_path) -> None:
     assert select_variant(cfg, "dp-eps8").train_config().privacy.sampling == "poisson"
     run = _train(tmp_path, "nondp", {})
     assert [ph.sampling for ph in run.manifest.privacy.phases] == ["shuffle"]
+
+
+def test_pool_selection_first_takes_the_splits_first_rows(tmp_path) -> None:
+    """`data.pool_selection: first` reproduces a peer's "first N rows" setup; random stays the seeded subset."""
+    from training.config import DataConfig
+    from training.data import load_dataset
+    from training.data.pool import load_pool
+
+    full = load_dataset("digits", split="train")
+    first = load_pool(DataConfig(dataset="digits", pool_size=50, pool_selection="first"))
+    assert np.array_equal(first.x, full.x[:50]) and np.array_equal(first.y, full.y[:50])
+    rand = load_pool(DataConfig(dataset="digits", pool_size=50))
+    assert not np.array_equal(rand.x, full.x[:50])
+    run = train(TrainConfig.model_validate({
+        "name": "first", "output_dir": str(tmp_path), "model": {"arch": "mlp"}, "privacy": {"enabled": False},
+        "data": {"dataset": "digits", "pool_size": 50, "test_size": 20, "pool_selection": "first"},
+        "training": {"steps": 2, "batch_size": 16, "progress": False}}))
+    assert run.manifest.data.pool_selection == "first"

@@ -144,8 +144,11 @@ class DataConfig(Strict):
     test_split: str | None = Field("test", description="split used for test accuracy (None: no test set)")
     image_size: int | None = Field(None, gt=0, le=MAX_IMAGE_SIZE,
                                    description="resize images to this square size (None: native)")
-    pool_size: int | None = Field(None, gt=0, description="use a seeded random subset of this many examples")
-    pool_seed: int = Field(0, description="seed of the pool subset")
+    pool_size: int | None = Field(None, gt=0, description="use a subset of this many examples (pool_selection)")
+    pool_seed: int = Field(0, description="seed of the pool subset (pool_selection: random)")
+    pool_selection: Literal["random", "first"] = Field(
+        "random", description="which pool_size rows (and test_size test rows): a seeded uniform subset, or the "
+        "first rows of the split in its stored order (to reproduce a setup that took the first N)")
     test_size: int | None = Field(None, gt=0, description="cap on the number of test examples")
     audit_split: bool = Field(True, description="members drawn by independent Bernoulli(member_prob)")
     member_prob: float = Field(0.5, gt=0.0, lt=1.0)

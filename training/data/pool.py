@@ -34,16 +34,25 @@ from foundation.errors import DataError
 __all__ = ["SplitRows", "load_pool", "load_test", "pool_indices", "split_rows"]
 
 
-def pool_indices(n: int, size: int | None, rng: np.random.Generator | int | None) -> np.ndarray:
-    """Sorted indices of a uniformly random subset of ``size`` out of ``n`` (all of them when ``size`` is None).
+def pool_indices(n: int, size: int | None, rng: np.random.Generator | int | None, *,
+                 selection: str = "random") -> np.ndarray:
+    """Sorted indices of a subset of ``size`` out of ``n`` (all of them when ``size`` is None): uniformly random
+    (``selection="random"``, drawn from ``rng``) or the first ``size`` rows (``"first"``).
+
+    >>> pool_indices(10, 3, None, selection="first").tolist()
+    [0, 1, 2]
 
     Raises:
-        ValueError: if ``size`` is not in ``[1, n]``.
+        ValueError: if ``size`` is not in ``[1, n]`` or ``selection`` is unknown.
     """
     if size is None:
         return np.arange(n, dtype=np.int64)
     if not 0 < size <= n:
         raise ValueError(f"subset size must be in [1, {n}], got {size}")
+    if selection == "first":
+        return np.arange(size, dtype=np.int64)
+    if selection != "random":
+        raise ValueError(f"selection must be 'random' or 'first', got {selection!r}")
     return np.sort(np.random.default_rng(rng).choice(n, size=size, replace=False)).astype(np.int64)
 
 
@@ -93,7 +102,8 @@ def split_rows(cfg: DataConfig) -> SplitRows:
     if cfg.pool_size is not None and cfg.pool_size > len(cat):
         raise DataError(f"data.pool_size={cfg.pool_size} but {cfg.dataset} split {cfg.split!r} has only {len(cat)} "
                         f"examples; lower data.pool_size or leave it unset to use them all")
-    return SplitRows(catalog=cat, pool=pool_indices(len(cat), cfg.pool_size, cfg.pool_seed))
+    return SplitRows(catalog=cat, pool=pool_indices(len(cat), cfg.pool_size, cfg.pool_seed,
+                                                            selection=cfg.pool_selection))
 
 
 def load_pool(cfg: DataConfig, rows: SplitRows | None = None) -> ImageSet | StreamSet:
@@ -132,5 +142,5 @@ def load_test(cfg: DataConfig, *, stream: bool | None = None) -> ImageSet | Stre
                         "choose another split or set data.test_split: null")
     cat = spec.catalog(cfg.root, cfg.test_split, cfg.image_size, cfg.download)
     size = None if cfg.test_size is None or cfg.test_size >= len(cat) else cfg.test_size
-    idx = pool_indices(len(cat), size, np.random.default_rng([cfg.pool_seed, 1]))
+    idx = pool_indices(len(cat), size, np.random.default_rng([cfg.pool_seed, 1]), selection=cfg.pool_selection)
     return _take(cat, idx, True if stream else cfg.stream, workers=cfg.workers)

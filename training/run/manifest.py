@@ -85,6 +85,8 @@ class DataInfo(_M):
     pool_size: int
     pool_seed: int | None = None
     pool_subset: bool = False
+    pool_selection: Literal["random", "first"] | None = Field(None, description="how the pool subset was chosen "
+                                                              "(absent: random, or an older manifest)")
     pool_fingerprint: str = Field(description="sha256 over the pool's x and y arrays (foundation.io.fingerprint_arrays)")
     split_size: int | None = Field(None, description="examples in data.split when the pool was drawn from it "
                                                      "(absent: imported runs and older manifests)")
@@ -290,7 +292,8 @@ def build_manifest(*, run_name: str, model: ModelConfig, num_classes: int, input
     """
     if isinstance(data, DataConfig):
         d = {"dataset": data.dataset, "root": data.root, "split": data.split, "test_split": data.test_split,
-             "image_size": data.image_size, "pool_seed": data.pool_seed, "pool_subset": data.pool_size is not None}
+             "image_size": data.image_size, "pool_seed": data.pool_seed, "pool_subset": data.pool_size is not None,
+             "pool_selection": data.pool_selection}
     else:
         d = {"dataset": data["dataset"], "root": data.get("root"), "split": data["split"],
              "image_size": data.get("image_size")}
