@@ -42,6 +42,11 @@ counted in ``timeout_s``.) What comes back under
 ``files_at``: ``gpu_headline.md`` (the table) and ``gpu_headline.json`` (every stage's raw result); copy the
 table to ``results/reference/gpu_headline.md`` here and commit it before anything else (issue 32, item 4).
 
+The issue asks for the trade-off of fast recipes (they memorise less) rather than an audit tuned to the demo's
+number: once this table holds GPU figures, a later call (or lease) runs the same line with ``--set
+training.epochs=8 --skip dp_target step_table --out results/reference/gpu_headline.e8.md`` (8 instead of 16
+epochs: accuracy, time, AUC and TPR side by side).
+
 **Smoke** (``--smoke``): every stage at toy size on the CPU in under 2 minutes (synthetic images, tiny models),
 written to ``results/gpu_headline_smoke.md`` — never to the reference table. ``tests/test_gpu_headline.py``
 runs it (marked slow), so the command does not rot between leases.
