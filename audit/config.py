@@ -35,7 +35,9 @@ class EpsilonConfig(Strict):
         ("pool", "input_canaries", "gradient_canaries"),
         description="evidence sources; multi_run (trains multi_run_models models) only when listed; "
         "auditor_canaries needs canaries (the auditor's secret file)")
-    attack: str = Field("lira_online", description="attack whose scores feed the one-run estimator on the pool")
+    attack: str = Field("strongest", description="attack whose scores feed the one-run estimator on the pool; "
+                        "'strongest': the first of STRONGEST_FIRST that scores.npz holds (a fixed order, chosen "
+                        "before looking at the scores, so the bound keeps its level)")
     guesses: Literal["in", "in_out"] = Field(
         "in_out", description="one-run guesses: top-k IN and bottom-k OUT (k_pos x k_neg grid), or top-k IN only")
     k_grid_points: int = Field(4, ge=1, le=64, description="geometric grid of k from 10 to m/2 (Bonferroni over it)")
@@ -72,8 +74,9 @@ class EpsilonConfig(Strict):
                              "--canaries SECRET (the canary_secret.npz of 'audit canaries make')")
         if len(set(self.sources)) != len(self.sources):
             raise ValueError(f"epsilon.sources has duplicates: {list(self.sources)}")
-        if self.attack not in attack_names():
-            raise ValueError(f"epsilon.attack: unknown attack '{self.attack}'; valid: {', '.join(attack_names())}")
+        if self.attack != "strongest" and self.attack not in attack_names():
+            raise ValueError(f"epsilon.attack: unknown attack '{self.attack}'; valid: strongest, "
+                             f"{', '.join(attack_names())}")
         return self
 
 

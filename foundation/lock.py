@@ -6,6 +6,9 @@ once would train reference models twice, or one's ``--retrain-shadows`` would de
 and start time, and removes it on exit. A second writer fails fast with a one-line
 :class:`~foundation.errors.CheckpointError` naming the lock file and its holder. A lock left by a process that is
 gone (same host, pid not running) is stale and taken over; a lock from another host is never presumed stale.
+A lock the auditor did not take never blocks it: the record is signed with this auditor's evidence key
+(:mod:`foundation.evidence`), and a lock without a valid signature (shipped inside a received run directory,
+naming pid 1 or another host) is foreign and taken over like a stale one.
 The same process may nest locks on one directory (``audit run`` holds it while its steps take it again).
 Taking over a stale lock renames it aside first, so of two processes that find the same stale lock one wins;
 the remaining window (a third process creating a fresh lock between the check and the rename) is accepted.
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from foundation.errors import CheckpointError
+from foundation.evidence import sign_json, verify_json
 from foundation.files import LOCK_FILE
 
 __all__ = ["LOCK_FILE", "run_lock", "read_lock", "pid_alive"]
@@ -68,7 +72,18 @@ def read_lock(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {}
 
 
+def _foreign(holder: dict[str, Any]) -> bool:
+    """Whether the lock was not taken by an auditor holding this evidence key (unsigned or forged)."""
+    try:
+        verify_json(dict(holder), path=LOCK_FILE, remake="", identity=None)
+    except CheckpointError:
+        return True
+    return False
+
+
 def _stale(holder: dict[str, Any]) -> bool:
+    if _foreign(holder):
+        return True  # shipped with the run directory, or written by someone without this auditor's key
     pid = holder.get("pid")
     if not isinstance(pid, int):
         return True  # unreadable or foreign lock content: nobody can be holding it meaningfully
@@ -114,9 +129,9 @@ def run_lock(run_dir: str | os.PathLike[str], *, command: str | None = None) -> 
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
-    record = {"pid": os.getpid(), "host": socket.gethostname(),
-              "command": command if command is not None else " ".join(["audit", *sys.argv[1:]]),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = sign_json({"pid": os.getpid(), "host": socket.gethostname(),
+                        "command": command if command is not None else " ".join(["audit", *sys.argv[1:]]),
+                        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, identity={})
     for _ in range(3):
         if _try_create(path, record):
             break

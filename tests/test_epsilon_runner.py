@@ -184,9 +184,20 @@ def test_pool_source_needs_scores_and_the_configured_attack(tmp_path):
         run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)))
     write_scores(run, signal=1.0, attacks=("loss",))
     with pytest.raises(UserError, match="no scores for attack 'lira_online'.*loss"):
-        run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)))
+        run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",), attack="lira_online"))
     assert run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",), attack="loss"), write=False).estimates
     assert not (run / "epsilon.json").exists()
+
+
+def test_default_attack_is_the_strongest_the_scores_hold(tmp_path):
+    """No --attack: the first of rmia_online, lira_online, ..., loss that scores.npz holds (a fixed order)."""
+    run = make_run(tmp_path / "r")
+    write_scores(run, signal=1.0, attacks=("loss", "attack_p"))
+    rep = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)), write=False)
+    assert {e.provenance["attack"] for e in rep.estimates} == {"attack_p"}
+    write_scores(run, signal=1.0, attacks=("loss", "lira_online", "rmia_online"))
+    rep = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",)), write=False)
+    assert {e.provenance["attack"] for e in rep.estimates} == {"rmia_online"}
 
 
 def test_scores_of_another_run_and_nan_scores_are_refused(tmp_path):

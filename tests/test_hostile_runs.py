@@ -25,7 +25,7 @@ import torch
 from fixtures_runs import make_run, update_json, write_signed
 from hostile_common import ATTACK_ARGS, Payload, assert_error, cli, edit_json, rehash, write_cfg
 
-from foundation.evidence import read_signed_npz
+from foundation.evidence import read_signed_npz, sign_json
 from foundation.io import load_safetensors, save_safetensors, write_npz
 
 
@@ -280,8 +280,9 @@ def test_a_second_writer_fails_fast_naming_the_lock_and_holder(run):
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (run / LOCK_FILE).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
-                                                 "command": "audit attack tiny", "started": "now"}))
+        (run / LOCK_FILE).write_text(json.dumps(sign_json({"pid": proc.pid, "host": socket.gethostname(),
+                                                           "command": "audit attack tiny", "started": "now"},
+                                                          identity={})))  # taken by this auditor
         shadows = run / "shadows"
         shadows.mkdir()
         (shadows / "keep.npy").write_bytes(b"theirs")
@@ -295,6 +296,20 @@ def test_a_second_writer_fails_fast_naming_the_lock_and_holder(run):
         proc.wait()
     # the holder is gone: its lock is stale and taken over
     assert cli("attack", run, *ATTACK_ARGS).exit_code == 0
+    assert not (run / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("holder", [{"pid": 1, "host": "this-host"}, {"pid": 1, "host": "vendor-build-07"},
+                                    {"pid": 1, "host": "x", "evidence": {"identity": {}, "mac": "0" * 64}}])
+def test_a_lock_shipped_with_the_run_never_blocks_the_auditor(run, holder):
+    """A .lock received inside the run directory (pid 1 is always alive; another host is never presumed gone)
+    was not taken by this auditor: unsigned or forged, it is taken over."""
+    from foundation.lock import LOCK_FILE
+
+    holder = {**holder, "host": socket.gethostname() if holder["host"] == "this-host" else holder["host"]}
+    (run / LOCK_FILE).write_text(json.dumps({**holder, "command": "audit attack", "started": "2026-01-01"}))
+    r = cli("epsilon", run, "--sources", "pool", "--attack", "loss")
+    assert r.exit_code == 0, r.output
     assert not (run / LOCK_FILE).exists()
 
 
@@ -352,6 +367,35 @@ def test_html_in_a_run_directory_is_escaped_in_the_report(tmp_path, where):
     assert r.exit_code == 0, r.output
     html = (run / "report.html").read_text()
     assert "<script>alert" not in html and "<img src=x" not in html and "&lt;script&gt;" in html
+
+
+@pytest.mark.parametrize("where", ["run_name", "provenance.command", "provenance.git_commit", "model.arch"])
+def test_no_link_from_a_run_directory_is_live(tmp_path, where):
+    """A javascript: URL in Markdown link syntax stays text in report.md (escaped, or in a code span) and never
+    becomes an attribute in report.html."""
+    run = make_run(tmp_path / "r")
+    update_json(run, "manifest.json", lambda m: _put(m, where, "[click](javascript:alert(1)) <javascript:alert(2)>"))
+    r = cli("report", run)
+    assert r.exit_code == 0, r.output
+    html, md = (run / "report.html").read_text(), (run / "report.md").read_text()
+    assert not re.search(r"""(href|src|action)\s*=\s*["']?\s*javascript""", html, re.I)
+    outside_code = re.sub(r"`[^`]*`", "", md)  # code spans render literally
+    assert "javascript" in md and not re.search(r"(?<!\\)\]\(javascript|(?<!\\)<javascript", outside_code)
+
+
+def test_mathtext_in_names_renders_literally(tmp_path):
+    """An attack named like matplotlib mathtext ("$\\frac{a}{$", unbalanced) neither crashes the figures nor is
+    typeset: the SVG holds the characters as written."""
+    run = make_run(tmp_path / "r")
+    name = "$\\frac{a}{$"
+
+    def rename(d: dict) -> None:
+        d["attacks"] = {name: next(iter(d["attacks"].values()))}
+
+    update_json(run, "attack.json", rename)
+    r = cli("report", run)
+    assert r.exit_code == 0, r.output
+    assert "$\\frac{a}{$" in (run / "report.html").read_text()
 
 
 @pytest.mark.parametrize("damage, pattern", [

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -135,14 +136,36 @@ def claim_is_gaussian(manifest: Manifest) -> bool:
         and (p.noise_multiplier or 0.0) > 0.0 for p in phases))
 
 
+#: The order in which ``epsilon.attack: strongest`` picks an attack from ``scores.npz``: the attacks with reference
+#: models first (online before offline), RMIA before LiRA (Zarifzadeh et al. 2024), then the reference-free ones.
+#: Fixed in advance: picking the attack with the best result on the same scores would overstate the bound.
+STRONGEST_FIRST = ("rmia_online", "lira_online", "rmia_offline", "lira_offline", "attack_p", "loss")
+
+
+def resolve_attack(run: VerifiedRun, attack: str) -> str:
+    """``attack``, or for ``"strongest"`` the first of :data:`STRONGEST_FIRST` that the run's ``scores.npz`` holds
+    (``lira_online`` when there is none: the pool source then says how to make it)."""
+    if attack != "strongest":
+        return attack
+    path = run.run_dir / SCORES_FILE
+    if not path.is_file():
+        return "lira_online"
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            names = set(npz.files)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return "lira_online"  # unreadable: reading it for the evidence says so in one line
+    return next((a for a in STRONGEST_FIRST if f"score_{a}" in names), "lira_online")
+
+
 def _load_evidence(source: str, *, run: VerifiedRun, config: EpsilonConfig,
                    log: Callable[[str], None] | None = None) -> Evidence | Skipped:
     if source in ("pool", "input_canaries"):
         check_scores_identity(run)
     if source == "pool":
-        ev = pool_evidence(run=run, attack=config.attack)
+        ev = pool_evidence(run=run, attack=resolve_attack(run, config.attack))
     elif source == "input_canaries":
-        ev = input_canary_evidence(run=run, attack=config.attack)
+        ev = input_canary_evidence(run=run, attack=resolve_attack(run, config.attack))
     elif source == "auditor_canaries":
         from audit.bounds.auditor_source import auditor_canary_evidence
 

@@ -24,7 +24,8 @@ def _counts(counts: dict) -> str:
 @click.option("--sources", default=None, metavar="LIST",
               help="comma-separated: pool,input_canaries,gradient_canaries,multi_run,auditor_canaries (default: all "
                    "but multi_run, which trains models, and auditor_canaries, which needs --canaries)")
-@click.option("--attack", default=None, help="attack in scores.npz that scores the pool (default lira_online)")
+@click.option("--attack", default=None, help="attack in scores.npz that scores the pool (default strongest: the first of rmia_online, "
+                   "lira_online, rmia_offline, lira_offline, attack_p, loss that scores.npz holds)")
 @click.option("--guesses", type=click.Choice(["in", "in_out"]), default=None,
               help="one-run guesses: top-k IN only, or also bottom-k OUT")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,

@@ -31,9 +31,13 @@ def figure_to_svg(fig, *, salt: str) -> str:
     True
     """
     import matplotlib
+    from matplotlib.text import Text
 
+    for t in fig.findobj(Text):  # names from a run directory render literally: "$...$" is never mathtext
+        t.set_parse_math(False)
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"dp-audit-{salt}"}):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"dp-audit-{salt}",
+                                "text.parse_math": False}):
         fig.savefig(buf, format="svg",
                     metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
     text = buf.getvalue()

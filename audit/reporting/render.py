@@ -32,9 +32,14 @@ def _template_source(name: str) -> str:
 
 
 def _md(text: Any) -> str:
-    """Escape a value for a Markdown table cell or paragraph (pipes, newlines, emphasis markers)."""
+    r"""Escape a value for a Markdown table cell or paragraph (pipes, newlines, emphasis markers, and the
+    brackets of a link, so ``[x](javascript:...)`` from a run directory stays text).
+
+    >>> print(_md("[x](javascript:alert(1)) <b>"))
+    \[x\]\(javascript:alert\(1\)\) \<b\>
+    """
     s = " ".join(str(text).split())
-    for ch in ("\\", "|", "*", "_", "`", "<", ">"):
+    for ch in ("\\", "|", "*", "_", "`", "<", ">", "[", "]", "(", ")", "!"):
         s = s.replace(ch, "\\" + ch)
     return s
 
