@@ -63,6 +63,7 @@ SPLITS = {
     "continual": Split("continual_arms", lambda s: chosen_parts(s, "continual_arms", CONTINUAL_ARMS)),
     "trace": Split("trace_runs", lambda s: chosen_parts(s, "trace_runs", TRACE_RUNS)),
     "ganesh": Split("ganesh_parts", lambda s: chosen_parts(s, "ganesh_parts", ganesh_parts(s)),
-                    marker=lambda p: {"same": "barrier_same_public", "random": "barrier_random"}.get(p, f"{p}_acc")),
+                    marker=lambda p: {"same": "barrier_same_public", "random": "barrier_random",
+                                     "same_random": "barrier_same_random"}.get(p, f"{p}_acc")),
     "ke": Split("ke_parts", lambda s: chosen_parts(s, "ke_parts", ke_parts(s))),
 }

@@ -9,7 +9,10 @@ little public data does well; within a basin, DP training is close to convex. Tw
 * the basin test: the loss barrier (:func:`loss_barrier`) on the private images along the straight line between
   two DP runs that start from the *same public* initialisation (the largest public budget; different batches and
   noise), against two DP runs from two *different random* initialisations. The hypothesis predicts a small
-  barrier for the first pair (one basin) and a larger one for the second.
+  barrier for the first pair (one basin) and a larger one for the second;
+* its control: two DP runs from the *same random* initialisation (the 0 budget's; different batches and noise).
+  Two different random inits are separated by permutation symmetry alone, so "same public < random" could hold
+  without any public data; the hypothesis needs "same public < same random" too.
 
 >>> alphas = [0.0, 0.5, 1.0]
 >>> loss_barrier(alphas, [1.0, 3.0, 2.0])  # 3 - (1 + 2) / 2
@@ -34,10 +37,12 @@ __all__ = ["interpolate", "loss_barrier", "barrier_curve", "ganesh_arm", "ganesh
 def ganesh_parts(scale: ArmScale) -> list[str]:
     """The arm's independent parts of one seed (``ArmScale.ganesh_parts`` picks some; a GPU queue runs one each):
     ``public<k>`` for each public budget strictly between 0 and the largest (one DP run), ``same`` (the largest
-    budget's DP run, its second run from the same public start and their barrier) and ``random`` (the 0 budget's DP
-    run, a run from another random initialisation and their barrier). Together: the whole arm, no run twice."""
+    budget's DP run, its second run from the same public start and their barrier), ``random`` (the 0 budget's DP
+    run, a run from another random initialisation and their barrier) and ``same_random`` (the control: the 0
+    budget's DP run, a second DP run from that same random initialisation and their barrier). Together: the whole
+    arm; run as parts, ``random`` and ``same_random`` each train the 0 budget's DP run (the only run done twice)."""
     budgets = sorted(set(scale.public_steps) | {0})
-    return [f"public{k}" for k in budgets[1:-1]] + ["same", "random"]
+    return [f"public{k}" for k in budgets[1:-1]] + ["same", "random", "same_random"]
 
 
 def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float
@@ -84,7 +89,7 @@ def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | No
     parts = chosen_parts(scale, "ganesh_parts", ganesh_parts(scale))
     # the DP runs the parts need: each middle budget's own, the largest for 'same', 0 for 'random'
     needed = [k for k in budgets if f"public{k}" in parts or (k == top and "same" in parts)
-              or (k == 0 and "random" in parts)]
+              or (k == 0 and ("random" in parts or "same_random" in parts))]
 
     def dp(start: dict[str, torch.Tensor], seed: int, run_seed: int) -> torch.nn.Module:
         model = build(scale, data, seed=seed, device=device)
@@ -121,6 +126,8 @@ def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | No
         if "random" in parts:
             other_init = build(scale, data, seed=seed + 1000, device=device).state_dict()
             pairs["random"] = (ends[0].state_dict(), dp(other_init, seed + 1000, seed + 1000).state_dict())
+        if "same_random" in parts:  # the control: one random init, two DP runs (other batches and noise)
+            pairs["same_random"] = (ends[0].state_dict(), dp(snaps[0], seed, seed + 1000).state_dict())
         for name, (a, b) in pairs.items():
             alphas, losses = barrier_curve(loss_at, a, b, points=scale.barrier_points)
             out[f"barrier_{name}"] = loss_barrier(alphas, losses)

@@ -4,6 +4,7 @@ Usage (from the repository root; needs ``../shared/data``)::
 
     python -m experiments arms run continual trace ke ganesh vit --scale cpu [--workers 2]
     python -m experiments arms run continual trace ke ganesh vit --scale full  # issue 16's scale (a GPU)
+    python -m experiments arms run ganesh --scale cpu_hour --seeds 0 1 2 3 4 --parts same_random  # some parts only
     python -m experiments findings --scale cpu                                # results/reference/seed_findings.md
     python -m experiments arms pretrained --scale cpu_vit_long  # the ViT arm's pre-trained model, whole test split
     python -m experiments arms adopt FILE --scale gpu_full_vit_long --sha256 HEX  # a lease's pre-training, here
@@ -227,6 +228,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments arms"
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="run these seeds one at a time, each kept as a part (join them with `merge`)")
+    p.add_argument("--parts", nargs="+", default=None,
+                   help="with --seeds: only these parts of each seed (experiments.arms.SPLITS), each kept as its own "
+                        "part file and not merged (the arm's JSON is left as it is)")
     m = sub.add_parser("merge", help="join the per-seed parts of arms (written by experiments/gpu/) into <arm>.json")
     m.add_argument("arms", nargs="+", choices=sorted(ARMS))
     m.add_argument("--scale", choices=sorted(SCALES), default="gpu")
@@ -256,6 +260,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments arms"
         for a in args.arms:
             got = merge(a, args.scale)
             print(f"{a}: " + (f"seeds {got['seeds']}" if got else "no parts"), flush=True)
+        return 0
+    if args.parts is not None:
+        if args.seeds is None or len(args.arms) != 1:
+            print("error: --parts needs --seeds and one arm: e.g. arms run ganesh --scale cpu_hour --seeds 0 1 "
+                  "--parts same_random", file=sys.stderr)
+            return 2
+        a = args.arms[0]
+        every = [str(v) for v in SPLITS[a].parts(SCALES[args.scale])]
+        bad = [v for v in args.parts if v not in every]
+        if bad:
+            print(f"error: --parts {' '.join(bad)}: not a part of {a} at {args.scale}; its parts are "
+                  f"{', '.join(every)}", file=sys.stderr)
+            return 2
+        for seed in args.seeds:
+            for part in args.parts:
+                secs = run_arm(a, args.scale, seed, SPLITS[a].load(part))[1]
+                print(f"{a} seed {seed} part {part}: {secs:.0f} s -> {part_path(args.scale, a, seed, part)}",
+                      flush=True)
         return 0
     if args.seeds is not None:
         for a in args.arms:

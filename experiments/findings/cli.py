@@ -15,18 +15,53 @@ import argparse
 import json
 import os
 
-from experiments.findings.arms import bu_arm_rows, ganesh_rows, ke_rows, trace_arm_rows
+from experiments.findings.arms import bu_arm_rows, ganesh_control_rows, ganesh_rows, ke_rows, trace_arm_rows
 from experiments.findings.continual import continual_rows
 from experiments.findings.finetune import finetune_table_rows
 from experiments.findings.law import vit_rows
 from experiments.findings.rows import arm_result
 from experiments.findings.text import sections
+from experiments.findings.untested import untested_section
 from experiments.papers.runs import OUT, ROOT
 
 
-SECTIONS = (continual_rows, bu_arm_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, vit_rows)
+SECTIONS = (continual_rows, bu_arm_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, ganesh_control_rows,
+            vit_rows)
 SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "cpu_vit_ke", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour",
           "cpu_hour_vit", "cpu")
+
+
+#: the per-seed values of the configs' runs (the rows' tests read them from run directories that travel as
+#: tarballs), written beside the table as small JSON whenever the runs are on this machine
+PER_SEED_JSON = "seed_findings.per_seed.json"
+
+
+def config_runs_per_seed() -> dict[str, dict[str, dict[str, float]]]:
+    """{"<config>/<scale>": {variant: {seed: test accuracy}}} of every configs' run on this machine (the continual
+    sweep and rules, the budget-split strategies); empty where none is here."""
+    from experiments.papers.runs import SCALES as RUN_SCALES, groups
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for config in ("continual", "finetune"):
+        for sc in RUN_SCALES:
+            g = groups(config, sc)
+            if g:
+                out[f"{config}/{sc}"] = {k: {str(seed): x["test_accuracy"] for seed, _, x in runs}
+                                         for k, runs in sorted(g.items())}
+    return out
+
+
+def archive_section() -> list[str]:
+    """Where each row's per-seed values are kept."""
+    return [
+        "## Where the per-seed values are", "",
+        "* The arms' rows: `results/reference/seed_arms/<scale>/<arm>.json` (`per_seed`: one value per seed, in the "
+        "order of its `seeds`) and, for runs made of parts, `parts/` beside it; the Ganesh et al. control's parts at "
+        "`cpu_hour` are `seed_arms/cpu_hour/parts/ganesh.s<seed>.same_random.json`.",
+        f"* The configs' rows: `results/reference/{PER_SEED_JSON}` (test accuracy per variant and seed, written from "
+        "the runs by this command), the runs themselves in the `seed_gpu/*.tgz` archives.",
+        "* Ke et al.'s budget split at `gpu_full`: not archived (see Untested); its rows test the committed "
+        "`finetune_strategies.gpu_full.md`'s mean ± SD.", ""]
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m experiments findings") -> int:
@@ -65,9 +100,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments findi
         "`results/reference/seed_arms/<scale>/`.", "",
         *scale_note, "",
         "| paper | claim | scale | our measurement (mean ± SD over seeds) | test (correction) | verdict | command |",
-        "|---|---|---|---|---|---|---|", *rows, "", *in_words, *closing, "", "## Scale settings", "",
+        "|---|---|---|---|---|---|---|", *rows, "", *in_words, *closing, "", *untested_section(),
+        *archive_section(), "## Scale settings", "",
         *[f"* `{sc}`: `{json.dumps(v)}`" for sc, v in settings.items()], ""])
     write_text(OUT / "seed_findings.md", text)
+    per_seed = config_runs_per_seed()
+    if per_seed:  # the runs are here: keep their per-seed values beside the table (else the committed file stands)
+        from foundation.io import write_json
+
+        write_json(OUT / PER_SEED_JSON, per_seed)
     print(text)
     return 0
 

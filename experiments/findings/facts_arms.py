@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import statistics
 
-from experiments.findings.law import R2_BAR, _bound
+from experiments.findings.arms import SAME_ACCURACY_MARGIN, exact_p, ganesh_control as arm_control
+from experiments.findings.law import R2_BAR, RHO_MARGIN_SHARE, _bound
 from experiments.findings.numbers import mean_pct, ms, ms_pct, p2, plain_p, points, signed, spread, spread_pct, thousands
 from experiments.findings.rows import OUT, ROOT, arm_result
-from experiments.stats import holm, mean_sd, welch
+from experiments.papers.continual import trend_verdicts
+from experiments.stats import all_equivalent, compare, equivalence_verdict, holm, mean_sd, tost, welch
 
 EPS = (("eps1", "1"), ("eps3", "3"), ("eps8", "8"), ("epsinf", "∞"))
 
@@ -44,6 +46,12 @@ def continual_arm(scale: str = "gpu_full", small: str = "cpu_hour") -> dict[str,
         "ca_tpr_clip": f"{100 * _mean(ps['clip_only_loss_tpr1']):.1f}",
         "ca_nondp_mean": mean_pct(ps["nondp_acc"]), "ca_sigma": f"{_mean(ps['sigma_scratch']):.3f}",
         "ca_members": thousands(c["n_members_mean"]) if "n_members_mean" in c else "?",
+        "ca_p_clip": exact_p(gap.p), "ca_margin": f"{100 * SAME_ACCURACY_MARGIN:.0f}",
+        "ca_clip_eq": equivalence_verdict(tost(ps["clip_only_acc"], ps["nondp_acc"], margin=SAME_ACCURACY_MARGIN),
+                                          family=2),
+        "ca_p_cont": exact_p(welch(ps["continual_acc"], ps["scratch_acc"]).p),
+        "ca_cont_gap": points(_mean(ps["continual_acc"]) - _mean(ps["scratch_acc"])),
+        "ca_tpr_nondp": f"{100 * _mean(ps['nondp_loss_tpr1']):.1f}",
     }
     if s:
         q = s["per_seed"]
@@ -98,6 +106,25 @@ def ganesh(scale: str = "gpu_full", small: str = "cpu_hour") -> dict[str, str]:
     return f
 
 
+def ganesh_control(small: str = "cpu_hour") -> dict[str, str]:
+    """The shared-random-init control of the barrier test (the largest scale that ran it)."""
+    c = arm_control(small)
+    if not c:
+        return {}
+    r = welch(c["barrier_same_random"], c["barrier_same_public"])
+    v = compare(c["barrier_same_random"], c["barrier_same_public"]).verdict if r else "inconclusive"
+    reading = {"reproduced": "Public data does more than a shared start here: the paper's account holds at this "
+                             "scale.",
+               "not reproduced": "A shared random start gives the *smaller* barrier: at this scale the public data "
+                                 "is not what makes the basin."}.get(
+        v, "The control does not separate a shared public start from a shared random one: at this scale a shared "
+           "start alone may be what puts the DP runs in one basin.")
+    return {"gc_reading": reading, "gc_scale": small, "gc_same": ms(c["barrier_same_public"]), "gc_same_random": ms(c["barrier_same_random"]),
+            "gc_rand": ms(c["barrier_random"]), "gc_p": exact_p(r.p) if r else "too few seeds",
+            "gc_verdict": v,
+            "gc_seeds": str(len(c["barrier_same_random"]))}
+
+
 def _trace_curve(rows_by_seed: list[list[dict]]) -> dict[int, tuple[float, float, int]]:
     steps = sorted({r["step"] for rows in rows_by_seed for r in rows})
     return {s: mean_sd([next((r["trace_h"] for r in rows if r["step"] == s), None) for rows in rows_by_seed])
@@ -133,6 +160,13 @@ def trace(scale: str = "gpu_full", small: str = "cpu_hour") -> dict[str, str]:
         "tr_p": p2(r.p), "tr_end_ft": f"{ft[max(ft)][0]:,.0f}", "tr_end_dp": f"{dp[max(dp)][0]:,.0f}",
         "tr_hooks": ", ".join(h.split(".")[0].replace("s", "seed ", 1) for h in hooks),
     }
+    per, _ = trend_verdicts({"pretrain_nondp": nd, "pretrain_dp": dp})
+    f.update({"tr_v_dp": per["pretrain_dp"][0], "tr_v_nd": per["pretrain_nondp"][0],
+              "tr_p_rise_dp": plain_p(per["pretrain_dp"][3]), "tr_p_rise_nd": plain_p(per["pretrain_nondp"][3]),
+              "tr_p_rise_dp_raw": plain_p(welch([r_["trace_h"] for rows in ps["pretrain_dp_trace"] for r_ in rows
+                                                 if r_["step"] == max(dp)],
+                                                [r_["trace_h"] for rows in ps["pretrain_dp_trace"] for r_ in rows
+                                                 if r_["step"] == first]).p)})
     if s:
         q = s["per_seed"]
         m = {k: [_mean([r["trace_h"] for r in rows if r["step"] > 0]) for rows in q[f"{k}_trace"]]
@@ -184,6 +218,12 @@ def vit(scale: str = "gpu_full_vit_long", narrow: str = "cpu_vit_long", short: s
         "v_tuned1": ms_pct(ps["eps1_tuned_acc"]), "v_p_tune_acc": f"p ≥ {min(tune_acc):.2f}",
         "v_sigma1": f"{a['sigmas']['eps1']:.3f}",
     }
+    for key in ("D", "res"):  # the paper's "near-identical across ε", by TOST (the table's rows)
+        ref = ps[f"epsinf_tuned_rho_{key}"]
+        margin = RHO_MARGIN_SHARE * (1 - _mean(ref))
+        res = [tost(ps[f"{e}_tuned_rho_{key}"], ref, margin=margin) for e, _ in EPS[:-1]]
+        f.update({f"v_margin_{key}": f"{margin:.4f}", f"v_eq_{key}": all_equivalent(res),
+                  f"v_eq_{key}_ci1": f"[{res[0].ci_low:+.4f}, {res[0].ci_high:+.4f}]"})
     n = arm_result(narrow, "vit")
     if n:
         q = n["per_seed"]

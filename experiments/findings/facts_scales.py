@@ -10,12 +10,6 @@ from experiments.findings.numbers import mean_pct, ms_pct, thousands
 from experiments.findings.rows import OUT, ROOT, arm_result
 from experiments.papers.runs import groups
 
-#: the ViT arm's shared pre-trained model at ``cpu_vit_long`` on all 10,000 CIFAR-10 test images, as printed by
-#: ``python -m experiments arms pretrained --scale cpu_vit_long`` (2026-11-26): the arm's JSON scores it on its own
-#: 1,000 test images only, and the cached model itself (``results/seed_arms/cpu_vit_long/pretrained/``) is not
-#: committed, so this one figure is kept here with the command that re-measures it
-CPU_VIT_LONG_WHOLE_TEST = 0.639
-
 
 def _sigmas(a: dict) -> str:
     return " / ".join(f"{a['sigmas'][e]:.3f}" for e in ("eps1", "eps3", "eps8"))
@@ -31,7 +25,7 @@ def _parts(scale: str, arm: str) -> list[dict]:
 
 def vit_scales() -> dict[str, str]:
     """The ViT scales' pre-training accuracies, σ per ε and where their (seed, ε) parts ran."""
-    f: dict[str, str] = {"cvl_whole": f"{100 * CPU_VIT_LONG_WHOLE_TEST:.1f}"}
+    f: dict[str, str] = {}
     long = arm_result("gpu_full_vit_long", "vit")
     if long:
         parts = _parts("gpu_full_vit_long", "vit")

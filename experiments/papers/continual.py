@@ -176,6 +176,65 @@ def peak_and_fall(curve: dict[int, tuple[float, float, int]], *, family: int = 1
     return ("peak-and-fall", peak) if fell else ("interior peak, fall within the noise", peak)
 
 
+TREND_TEST = ("two-sided, per curve: 'reproduced' when the fall from the highest interior point to the last passes a "
+              "one-sided Welch t on the seeds, Bonferroni × the interior points (any could have been the peak) × "
+              "the curves tested; 'not reproduced' when there is no such fall and the last point is above the first "
+              "one after initialisation (two-sided Welch, Bonferroni × the curves): still rising when the run "
+              "ended; else 'inconclusive'")
+
+
+def still_rising(curve: dict[int, tuple[float, float, int]], *, family: int = 1) -> tuple[bool, float, int | None]:
+    """Whether the last point of a mean tr(H) curve (step → (mean, SD, seeds)) is above its first point after
+    initialisation (the first step > 0), by a two-sided Welch test at :data:`PEAK_ALPHA` with Bonferroni ×
+    ``family``: (rising, Bonferroni-corrected p, that first step). (False, nan, None) without two such points or
+    two seeds in each.
+
+    >>> still_rising({0: (-9.0, 1.0, 5), 100: (400.0, 60.0, 5), 200: (700.0, 90.0, 5), 300: (1000.0, 300.0, 5)})[0]
+    True
+    """
+    from experiments.stats import welch_from_summary
+
+    pts = {s: v for s, v in curve.items() if math.isfinite(v[0])}
+    after = sorted(s for s in pts if s > 0)
+    if len(after) < 2:
+        return False, math.nan, None
+    (mf, sf, nf), (ml, sl, nl) = pts[after[0]], pts[after[-1]]
+    if nf < 2 or nl < 2 or not (math.isfinite(sf) and math.isfinite(sl)):
+        return False, math.nan, after[0]
+    r = welch_from_summary(ml, sl, nl, mf, sf, nf)
+    p = min(1.0, r.p * family)
+    return (r.diff > 0 and p < PEAK_ALPHA), p, after[0]
+
+
+def trend_verdicts(curves: dict[str, dict[int, tuple[float, float, int]]]
+                   ) -> tuple[dict[str, tuple[str, str, int | None, float, int | None]], str]:
+    """The two-sided rule of :data:`TREND_TEST` for each named curve, tested as one family: per curve (verdict,
+    shape, peak step, corrected p of the rise from the first point after initialisation to the last, that first
+    step), and the row's verdict ("reproduced" when some curve peaks and falls, else "not reproduced" when some
+    curve is still rising, else "inconclusive")."""
+    shapes, _ = shapes_of(curves)
+    out = {}
+    for k, (shape, peak) in shapes.items():
+        rising, p, first = still_rising(curves[k], family=len(curves))
+        v = "reproduced" if shape == "peak-and-fall" else "not reproduced" if rising else "inconclusive"
+        out[k] = (v, shape, peak, p, first)
+    vs = [v for v, *_ in out.values()]
+    row_v = "reproduced" if "reproduced" in vs else "not reproduced" if "not reproduced" in vs else "inconclusive"
+    return out, row_v
+
+
+def trend_text(name: str, curve: dict[int, tuple[float, float, int]], got: tuple) -> str:
+    """One curve's part of a tr(H) row: ``pretrain_dp: not reproduced (still rising: 393 at step 100 → 1045 at
+    step 1500, p = 0.015; highest interior point 1212 at 1300, fall within the noise)``."""
+    v, shape, peak, p, first = got
+    last = max(curve)
+    bits = [f"{shape}" + (f" (peak at {peak})" if peak else "")]
+    if first is not None and math.isfinite(p):
+        bits.append(f"step {first} → {last}: {curve[first][0]:.0f} → {curve[last][0]:.0f}, two-sided "
+                    f"{fmt_p(p)} corrected")
+    return f"{name}: {v} ({'; '.join(bits)})"
+
+
 def shapes_of(curves: dict[str, dict[int, tuple[float, float, int]]]) -> tuple[dict[str, tuple[str, int | None]], bool]:
     """:func:`peak_and_fall` of each named curve, tested as one family (a row reads "reproduced" when any of them
     falls), and whether any did."""
