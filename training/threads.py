@@ -145,8 +145,12 @@ def detect_cores(*, affinity: set[int] | None = None, quota: float | None | Lite
             load = None
     if quota is not None and quota < mask:
         return Cores(available=max(1, math.ceil(quota - 1e-9)), machine=machine, load=load,
-                     source=f"cgroup quota {quota:g} of {mask} cores in the affinity mask")
-    return Cores(available=mask, source=f"{mask} cores in the affinity mask", machine=machine, load=load)
+                     source=f"cgroup quota {quota:g} of {_cores(mask)} in the affinity mask")
+    return Cores(available=mask, source=f"{_cores(mask)} in the affinity mask", machine=machine, load=load)
+
+
+def _cores(n: int) -> str:
+    return f"{n} core{'' if n == 1 else 's'}"
 
 
 def requested_threads(role: Role, environ: Mapping[str, str] | None = None) -> tuple[int | Literal["all"], str] | None:
@@ -232,8 +236,8 @@ def plan_threads(*, role: Role, cores: Cores, work: int | None, processes: int =
         share_why = f"{task_cpus:g} CPUs reserved by Ray for the task"
     else:
         share = max(1, cores.available // processes)
-        share_why = (f"{cores.available} cores ({cores.source})" if processes == 1 else
-                     f"{cores.available} cores ({cores.source}) shared by {processes} processes")
+        share_why = f"{_cores(cores.available)} ({cores.source})" + (
+            f" shared by {processes} processes" if processes > 1 else "")
 
     def made(threads: int, reason: str) -> ThreadPlan:
         return ThreadPlan(threads=threads, reason=reason, role=role, cores=cores, processes=processes, work=work)
@@ -243,10 +247,10 @@ def plan_threads(*, role: Role, cores: Cores, work: int | None, processes: int =
         value, where = asked
         return made(share if value == "all" else value, f"{where} in the environment" +
                     (f": {share_why}" if value == "all" else ""))
-    if share == 1:
-        return made(1, f"one thread: {share_why}")
     if work is not None and work < PARALLEL_WORK:
         return made(1, f"one thread: a small model (work {work:.2g} < {PARALLEL_WORK:.0e}) gains nothing from more")
+    if share == 1:
+        return made(1, f"one thread: {share_why}")
     if role == "ray_task":
         return made(share, f"{share} threads: {share_why}")
     free = cores.free(own=processes)
