@@ -26,7 +26,7 @@ class StageLog:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=True)
+            self._console = Console(stderr=True, soft_wrap=True)  # a piped log line is not cut at 80 columns
         return self._console
 
     def __call__(self, msg: str) -> None:

@@ -17,6 +17,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from audit.commands.tables import print_table
+
 from audit.accountant import account
 from training.accounting import ACCOUNTANTS
 
@@ -55,4 +57,4 @@ def command(sigma: float | None, target_epsilon: float | None, sample_rate: floa
     tab = Table("accountant", "epsilon", "")
     for name, eps in result.epsilons.items():
         tab.add_row(name, f"{eps:.4f}", "claim" if name == accountant else "")
-    console.print(tab)
+    print_table(tab, console=console)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -15,7 +14,6 @@ def _fmt_ci(ci: Any) -> str:
 
 
 def _print_table(result: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from attacks.resolution import format_tpr
@@ -33,8 +31,10 @@ def _print_table(result: Any) -> None:
         table.add_row(name, f"{m.auc:.3f}{_fmt_ci(m.auc_ci)}",
                       *(format_tpr(m.tpr_at_fpr.get(k), float(k), m.n_nonmembers, digits=2)
                         for k in ("0.01", "0.001", "0.0001")))
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    console.print(table)
+    from audit.commands.tables import print_table, table_console
+
+    console = table_console()
+    print_table(table, console=console)
     console.print(f"wrote {result.run_dir / ATTACK_FILE} and {result.run_dir / SCORES_FILE}")
 
 

@@ -42,7 +42,6 @@ def _counts(counts: dict) -> str:
 def command(run_dir: str, alpha: float | None, sources: str | None, attack: str | None, guesses: str | None,
             config_file: str | None, canaries: str | None, reference_dir: str | None, trust_code: bool) -> None:
     """Lower-bound ε from attacks and canaries and judge the claim of RUN_DIR; writes RUN_DIR/epsilon.json."""
-    from rich.console import Console
     from rich.table import Table
 
     from audit.api import epsilon
@@ -58,8 +57,10 @@ def command(run_dir: str, alpha: float | None, sources: str | None, attack: str 
         est = e.estimate
         table.add_row(e.source, est.method, _fmt(est.epsilon_lb), _fmt(est.ceiling), f"{est.alpha:.3g}",
                       _counts(dict(est.counts)), "decides" if e.in_verdict else "info only")
-    console = Console()
-    console.print(table)
+    from audit.commands.tables import print_table, table_console
+
+    console = table_console()
+    print_table(table, console=console)
     for s in report.skipped:
         console.print(f"skipped {s.source}: {s.reason}")
     v = report.verdict

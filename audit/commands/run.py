@@ -68,8 +68,10 @@ def command(config: str, overrides: tuple[str, ...], variants: tuple[str, ...], 
                       _fmt(s.get("test_accuracy"), ".3f"), s.get("strongest_attack") or "-",
                       _fmt(s.get("auc"), ".3f"), tpr, _fmt(s.get("epsilon_lb"), ".3f"),
                       _verdict_cell(s), str(report) if report.exists() else "-")
-    out = Console(width=None if sys.stdout.isatty() else 200)  # piped: wide, cells wrap instead of truncating
-    out.print(table)
+    from audit.commands.tables import print_table, table_console
+
+    out = table_console()  # piped: a wide page, cells wrap instead of truncating
+    print_table(table, console=out)
     out.print(f"{DEFINITION}; ε lower bound: the deciding estimator's, '-' when none was estimated", markup=False,
               highlight=False)
 

@@ -33,8 +33,9 @@ DEFAULT_SUITE = SHIPPED_CONFIGS / "transfer" / "default.yaml"
 def command(run_dir: Path, suite_path: Path, overrides: tuple[str, ...], out_path: Path | None,
             cache_dir: Path | None, quiet: bool, trust_code: bool) -> None:
     """Linear probe, k-NN, fine-tuning and per-layer separation of RUN_DIR's model on a transfer suite."""
-    from rich.console import Console
     from rich.table import Table
+
+    from audit.commands.tables import print_table
 
     suite = load_suite(suite_path, overrides)
     log = None if quiet else (lambda msg: click.echo(f"transfer: {msg}", err=True))
@@ -45,5 +46,5 @@ def command(run_dir: Path, suite_path: Path, overrides: tuple[str, ...], out_pat
         table.add_column(col, overflow="fold")
     for row in summary_rows(result.data.datasets):
         table.add_row(*(row[c] for c in SUMMARY_COLUMNS))
-    Console().print(table)
+    print_table(table)
     click.echo(f"wrote {result.path}")
