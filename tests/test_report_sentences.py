@@ -145,3 +145,33 @@ def test_vendor_membership_counts_the_package_canaries_as_members(tmp_path) -> N
     assert f"all {n_pkg:,} canaries of the auditor's package were included" in text
     assert f"{membership.sum() / membership.size * 100:.2f}% of the pool" in text
     assert f"each of the {membership.size - n_pkg:,} images of its own data" in text
+
+
+def test_opacus_auditor_run_report_has_no_dead_hints(tmp_path) -> None:
+    """An OpacusAuditor run (the user's own model class) cannot be attacked or transferred by auditors, so its report
+    never tells the user to run `audit attack RUN` / `audit transfer RUN` (both exit 2 on it)."""
+    import torch
+    from opacus import PrivacyEngine
+    from sklearn.datasets import load_digits
+    from torch import nn
+
+    d = load_digits()
+    x = torch.tensor(d.images[:200], dtype=torch.float32).unsqueeze(1) / 16
+    y = torch.tensor(d.target[:200])
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    engine = PrivacyEngine()
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=50),
+        noise_multiplier=1.0, max_grad_norm=1.0)
+    auditor = audit.OpacusAuditor(optimizer, engine, loader, run_dir=tmp_path / "run", gradient_canaries=50,
+                                  delta=1e-5)
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        optimizer.step()
+    run = auditor.finish(model, test_accuracy=0.5)
+    paths = audit.report(run.run_dir)
+    for text in (paths.markdown.read_text(), paths.html.read_text()):
+        assert "audit attack" not in text and "audit transfer" not in text
+        assert "your own class" in text

@@ -71,15 +71,28 @@ _HEADLINES = {
 }
 
 
+#: In place of a command for a run whose model auditors cannot rebuild (the user's own class, OpacusAuditor).
+USER_MODEL_NOTE = ("not available for this run: its model is your own class (recorded by OpacusAuditor), which "
+                   "auditors do not rebuild; the gradient and input canaries (audit epsilon) audit it")
+
+
+def rebuildable(run: RunFiles) -> bool:
+    """Whether auditors can rebuild the run's model (``audit attack``/``audit transfer`` need it): not for a
+    model recorded as the user's own class (``model.arch`` ``user-model/...``)."""
+    return not str(run.manifest.model.arch).startswith("user-model/")
+
+
 def commands_for(run: RunFiles) -> dict[str, str]:
-    """The exact command that (re)produces each file of the run directory."""
+    """The exact command that (re)produces each file of the run directory; for a step that cannot run on it, why
+    (:data:`USER_MODEL_NOTE`), so no hint leads to a command that would refuse the run."""
     run_q = shlex.quote(str(run.run_dir))
     cfg = run.run_dir / (run.manifest.provenance.config_file or CONFIG_FILE)
+    model_steps = rebuildable(run)
     return {
         "train": f"audit train {shlex.quote(str(cfg))}",
-        "attack": f"audit attack {run_q}",
+        "attack": f"audit attack {run_q}" if model_steps else USER_MODEL_NOTE,
         "epsilon": f"audit epsilon {run_q}",
-        "transfer": f"audit transfer {run_q}",
+        "transfer": f"audit transfer {run_q}" if model_steps else USER_MODEL_NOTE,
         "report": f"audit report {run_q}",
     }
 
@@ -336,7 +349,8 @@ def provenance_section(run: RunFiles, commands: dict[str, str]) -> ProvenanceSec
     cmds = []
     if run.config is not None:
         cmds.append(commands["train"])
-    cmds += [commands["attack"], commands["epsilon"], commands["transfer"], commands["report"]]
+    cmds += [c for c in (commands["attack"], commands["epsilon"], commands["transfer"], commands["report"])
+             if c.startswith("audit ")]
     return ProvenanceSection(items=[(k, fmt.MISSING if v is None else str(v)) for k, v in items], commands=cmds)
 
 

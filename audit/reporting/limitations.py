@@ -119,12 +119,15 @@ def _estimates(run: RunFiles, report: Report) -> list[str]:
 
 def _missing(report: Report) -> list[str]:
     out = []
+    def how(command: str) -> str:  # a command to run, or why the step cannot run on this run (no dead hint)
+        return f"('{command}')" if command.startswith("audit ") else f"({command})"
+
     if not report.attacks.ran:
-        out.append(f"No membership-inference attacks were run ('{report.attacks.command}').")
+        out.append(f"No membership-inference attacks were run {how(report.attacks.command)}.")
     if not report.epsilon.ran:
-        out.append(f"No empirical ε lower bound was computed ('{report.epsilon.command}').")
+        out.append(f"No empirical ε lower bound was computed {how(report.epsilon.command)}.")
     if not report.utility.transfer_ran:
-        out.append(f"Transfer evaluation was not run ('{report.utility.transfer_command}').")
+        out.append(f"Transfer evaluation was not run {how(report.utility.transfer_command)}.")
     for row in report.utility.transfer:
         if row.status != "ok":
             out.append(f"Transfer dataset '{row.dataset}' was skipped: {row.reason or 'no reason given'}.")
