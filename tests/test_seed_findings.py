@@ -359,3 +359,22 @@ def test_arms_run_parts_refuses_a_part_the_arm_does_not_have(capsys):
     assert runner.main(["run", "ganesh", "--scale", "cpu_hour", "--seeds", "0", "--parts", "nope"]) == 2
     assert "its parts are public10, public30, public100, same, random, same_random" in capsys.readouterr().err
     assert runner.main(["run", "ganesh", "--scale", "cpu_hour", "--parts", "same_random"]) == 2  # needs --seeds
+
+
+def test_the_validation_loss_switch_with_room_is_compared_with_the_same_seeds_scratch_runs(out):
+    n = 5
+    base = {"scratch_acc": [0.20, 0.21, 0.19, 0.20, 0.21], "plateau_acc": [0.27] * n, "plateau_switch": [120] * n,
+            "continual_acc": [0.22] * n}
+    _arm_json(out, "cpu_hour", "continual", base, scale_settings={"switch": 60, "steps": 300})
+    assert arm_rows.plateau_room_rows("cpu_hour") == []  # no run with room: no row
+    room = {"plateau_acc": [0.30, 0.31, 0.29, 0.30, 0.32], "plateau_switch": [200, 160, 240, 200, 200],
+            "plateau_reason": ["plateau", "plateau", "max_public_steps", "plateau", "plateau"]}
+    _arm_json(out, "cpu_hour_plateau", "continual", room, scale_settings={"switch": 120, "steps": 300})
+    got = arm_rows.plateau_room_rows("cpu_hour")[0]
+    assert "cap 240 of 300 steps" in got and "fired on 4 of 5 seeds" in got and "**inconclusive**" in got
+    room["plateau_reason"] = ["plateau"] * n  # the rule chose on every seed: now its choice is tested
+    _arm_json(out, "cpu_hour_plateau", "continual", room, scale_settings={"switch": 120, "steps": 300})
+    assert "**reproduced**" in arm_rows.plateau_room_rows("cpu_hour")[0]
+    room["plateau_reason"] = ["max_public_steps"] * n
+    _arm_json(out, "cpu_hour_plateau", "continual", room, scale_settings={"switch": 120, "steps": 300})
+    assert "**inconclusive**" in arm_rows.plateau_room_rows("cpu_hour")[0]  # never fired: not exercised

@@ -3,8 +3,9 @@
 Reads the continual-pretraining run directories (:mod:`experiments.papers`), the arms' JSON
 (:mod:`experiments.arms`) and, for Ke et al.'s budget-split claims, the statistics of the committed
 ``finetune_strategies[.scale].md`` table of the largest scale that has one. Every test is from
-:mod:`experiments.stats`; a claim is "reproduced" only when its (corrected) test rejects at 0.05 in the paper's direction,
-"not reproduced" when it rejects in the other direction, "inconclusive" otherwise.
+:mod:`experiments.stats`, two-sided: a claim is "reproduced" only when its (corrected) test rejects at 0.05 in the
+paper's direction, "not reproduced" when it rejects in the other direction, "inconclusive" otherwise; a claim of
+sameness is tested for equivalence (TOST against a stated margin). The "Untested" section lists what no row tests.
 
     python -m experiments findings [--scales gpu_full gpu_full_vit_long cpu_vit_long cpu_vit_ke ... cpu]
 """
@@ -15,7 +16,8 @@ import argparse
 import json
 import os
 
-from experiments.findings.arms import bu_arm_rows, ganesh_control_rows, ganesh_rows, ke_rows, trace_arm_rows
+from experiments.findings.arms import (bu_arm_rows, ganesh_control_rows, ganesh_rows, ke_rows, plateau_room_rows,
+                                       trace_arm_rows)
 from experiments.findings.continual import continual_rows
 from experiments.findings.finetune import finetune_table_rows
 from experiments.findings.law import vit_rows
@@ -25,8 +27,8 @@ from experiments.findings.untested import untested_section
 from experiments.papers.runs import OUT, ROOT
 
 
-SECTIONS = (continual_rows, bu_arm_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows, ganesh_control_rows,
-            vit_rows)
+SECTIONS = (continual_rows, bu_arm_rows, plateau_room_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows,
+            ganesh_control_rows, vit_rows)
 SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "cpu_vit_ke", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour",
           "cpu_hour_vit", "cpu")
 

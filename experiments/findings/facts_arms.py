@@ -125,6 +125,24 @@ def ganesh_control(small: str = "cpu_hour") -> dict[str, str]:
             "gc_seeds": str(len(c["barrier_same_random"]))}
 
 
+def plateau_room(small: str = "cpu_hour") -> dict[str, str]:
+    """The validation-loss switch given room to fire (``<small>_plateau``) against ``small``'s scratch runs."""
+    p, b = arm_result(f"{small}_plateau", "continual"), arm_result(small, "continual")
+    if not p or not b or p["seeds"] != b["seeds"]:
+        return {}
+    ps, q = p["per_seed"], b["per_seed"]
+    r = compare(ps["plateau_acc"], q["scratch_acc"])
+    fired = sum(x != "max_public_steps" for x in ps["plateau_reason"])
+    return {"cp_cap": str(2 * p["scale_settings"]["switch"]), "cp_steps": str(p["scale_settings"]["steps"]),
+            "cp_fired": f"{fired} of {len(ps['plateau_reason'])}", "cp_fired_n": fired,
+            "cp_switch": ", ".join(map(str, ps["plateau_switch"])), "cp_acc": ms_pct(ps["plateau_acc"]),
+            "cp_scratch": ms_pct(q["scratch_acc"]), "cp_capped": ms_pct(q["plateau_acc"]),
+            "cp_capped_cap": str(max(q["plateau_switch"])), "cp_p": exact_p(r.welch.p) if r else "too few seeds",
+            "cp_verdict": (r.verdict if r and fired == len(ps["plateau_reason"]) else
+                           "inconclusive: the capped seeds are a fixed switch, so it says more public steps helped, "
+                           "not that the rule chose well")}
+
+
 def _trace_curve(rows_by_seed: list[list[dict]]) -> dict[int, tuple[float, float, int]]:
     steps = sorted({r["step"] for rows in rows_by_seed for r in rows})
     return {s: mean_sd([next((r["trace_h"] for r in rows if r["step"] == s), None) for rows in rows_by_seed])

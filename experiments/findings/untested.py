@@ -43,20 +43,23 @@ UNTESTED: tuple[tuple[str, str, str], ...] = (
      "FPR; `attacks/strongest.py`)",
      "the continual arm kept no weights and no per-example scores, only LOSS / Attack-P summaries with TPR at 1 % "
      "FPR (`seed_arms/<scale>/continual.json`); LiRA and RMIA need the target models and reference models trained "
-     "on other halves of the same private pool, i.e. the 25 target trainings again plus the references: more than "
-     "this session's CPU budget at `cpu_hour` and a GPU lease at `gpu_full`",
+     "on other halves of the same private pool, i.e. the 25 target trainings again plus the references{arm_cost}: "
+     "more than this session's CPU budget at `cpu_hour` and a GPU lease at `gpu_full`",
      "the arm saving its models (safetensors) and scoring them with the suite's LiRA / RMIA over a reference-model "
      "farm of the same recipe; not built"),
-    ("Bu et al.: the paper's switch, early stopping on validation loss, without our cap",
-     "our plateau rule implements it but caps public steps at twice the scale's `switch` (400 at `gpu_full`, 120 "
-     "at `cpu_hour`), and the validation loss still fell at the cap on every seed",
-     "a scale of the continual arm with a larger `switch` (the cap is `2 * scale.switch` in "
-     "`experiments/arms/bu.py`); not defined"),
+    ("Bu et al.: the paper's switch, early stopping on validation loss, at full size (`gpu_full`) without our cap",
+     "our plateau rule implements it but caps public steps at twice the scale's `switch` (400 of 1,000 at "
+     "`gpu_full`), and the validation loss still fell at the cap on every seed; only `cpu_hour` (the small CNN) "
+     "ran it with a larger cap (its row)",
+     "a `gpu_full` scale of the continual arm's plateau part with a larger `switch` (the cap is `2 * scale.switch` "
+     "in `experiments/arms/bu.py`), as `cpu_hour_plateau` is for `cpu_hour`: on a GPU lease `python -m experiments "
+     "gpu run --scale gpu_full --arms continual --no-runs --arm-scale continual=<that scale>`; not defined"),
     ("Ke et al. at `gpu_full`: the budget-split rows' per-seed runs, and a non-DP reference on the downstream task",
      "the 50 runs were not archived (only `finetune_strategies.gpu_full.md`'s mean ± SD, which the rows test); no "
      "non-DP fine-tuning of the source on Food-101 was run, so DP's cost there has no reference",
      "`python -m experiments gpu run --scale gpu_full --arms --configs finetune` (GPU, or a CPU with "
-     "`--workers 2`), then `python -m experiments gpu pack FILE` to keep the runs; the non-DP reference needs a strategy "
+     "`--workers 2`), then `python -m experiments gpu pack FILE` to keep the runs; the non-DP reference needs a "
+     "strategy "
      "without DP in `finetune_strategies.yaml` (not in the config)"),
 )
 
@@ -67,12 +70,30 @@ def _random_part_cost() -> str:
 
     from experiments.findings.rows import OUT
 
-    walls = [json.loads(p.read_text()) for p in sorted((OUT / "seed_arms/gpu_full/parts").glob("ganesh.s*.random.json"))]
+    parts = sorted((OUT / "seed_arms/gpu_full/parts").glob("ganesh.s*.random.json"))
+    walls = [json.loads(p.read_text()) for p in parts]
     secs = [w["wall_seconds"] for w in walls if w.get("device") == "cpu"]
     if not secs:
         return ""
     return (f", which took {min(secs):,.0f}-{max(secs):,.0f} s a seed on one core of this CPU "
             f"(`seed_arms/gpu_full/parts/ganesh.s*.random.json`), {sum(secs) / 3600:.1f} hours for {len(secs)} seeds")
+
+
+def _continual_arm_cost() -> str:
+    """What the continual arm at ``cpu_hour`` (25 models and their LOSS / Attack-P scoring) took, from its JSON."""
+    import json
+
+    from experiments.findings.rows import OUT
+
+    path = OUT / "seed_arms/cpu_hour/continual.json"
+    if not path.is_file():
+        return ""
+    secs = json.loads(path.read_text())["wall_seconds"]
+    return (f" (the `cpu_hour` arm's 25 models took {secs:,.0f} s on this CPU, `seed_arms/cpu_hour/continual.json`; "
+            "k reference models per target multiply that by about k + 1)")
+
+
+_FILL = {"{random_cost}": _random_part_cost, "{arm_cost}": _continual_arm_cost}
 
 
 def untested_section() -> list[str]:
@@ -81,6 +102,7 @@ def untested_section() -> list[str]:
              "Claims of the seed papers that no row above tests, why, and what would test them. A row that could not "
              "have failed is not in the table.", ""]
     for claim, why, what in UNTESTED:
-        why = why.replace("{random_cost}", _random_part_cost()) if "{random_cost}" in why else why
+        for key, fill in _FILL.items():
+            why = why.replace(key, fill()) if key in why else why
         lines.append(f"* **{claim}.** Why: {why}. To test it: {what}.")
     return lines + [""]
