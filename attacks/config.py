@@ -45,11 +45,12 @@ class AttackConfig(Strict):
                                          "target trained with flips (training.augment.flip)")
     shifts: int | Literal["auto"] = Field("auto", description="query +-k pixel shifts; auto: the target's "
                                           "training.augment.crop_padding (0 when it trained without crops)")
-    executor: Literal["auto", "batched", "sequential", "ray"] = Field(
+    executor: Literal["auto", "batched", "sequential", "processes", "ray"] = Field(
         "auto", description="how reference models train: auto (batched when the recipe allows, else sequential), "
-                            "batched, sequential, or ray (tasks on a local Ray or a cluster)")
-    workers: int | None = Field(None, ge=1, description="ray executor with a local Ray: CPUs it may use "
-                                                        "(None: all cores)")
+                            "batched, sequential, processes (several trainer processes on this machine, sharing "
+                            "its GPU), or ray (tasks on a local Ray or a cluster)")
+    workers: int | None = Field(None, ge=1, description="ray executor with a local Ray: CPUs it may use (None: all "
+                                                        "cores); processes executor: worker processes (None: 4)")
     ray_address: str | None = Field(None, description="ray executor: 'auto' (this machine's cluster), 'host:port' "
                                                       "(a head's GCS), 'ray://host:port' (Ray Client), or None "
                                                       "(a private local Ray started in-process)")

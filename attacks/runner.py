@@ -172,7 +172,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         shadows = prepare_shadows(target=target, n_models=settings.n_reference, seed=settings.seed,
                                   executor=settings.executor, ray=settings.ray_options(), device=device,
                                   max_models_per_batch=settings.max_models_per_batch, retrain=retrain_shadows,
-                                  log=say if progress else None)  # None: no progress bar either
+                                  log=say if progress else None, workers=settings.workers)  # None: no progress bar either
     phi = load_or_compute_signals(target=target, shadows=shadows, spec=settings.augmentations,
                                   n_population=settings.population, seed=settings.seed, device=device,
                                   batch_size=settings.signal_batch_size,

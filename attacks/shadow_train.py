@@ -1,4 +1,4 @@
-"""Train reference (shadow) models with a target's recipe: batched, sequential, or as tasks on Ray.
+"""Train reference (shadow) models with a target's recipe: batched, sequential, in worker processes, or on Ray.
 
 Executors:
 
@@ -6,6 +6,8 @@ Executors:
   parameters, per-model data masks, per-model DP-SGD clipping and noise). Only for recipes that
   :func:`attacks.recipe.batched_unsupported` accepts (small models, flat clipping, one phase).
 - ``sequential``: :func:`training.trainer.train` once per model, with ``membership=keep[k]``.
+- ``processes``: the same trainer in ``attack.workers`` worker processes at once (default 4) on this machine,
+  sharing its GPU: for models too small to keep a GPU busy from one process.
 - ``ray``: tasks on a local or remote Ray (:mod:`attacks.shadow_ray`): each task trains a batch of models
   (when batched can follow the recipe) or one model with the trainer, and moves its finished ``<k>/`` into place.
 - ``auto``: batched when the recipe allows it, else sequential.
@@ -37,8 +39,10 @@ from training.threads import ThreadBudget, model_work, using_threads
 
 __all__ = ["Executor", "resolve_executor", "train_shadow_models", "write_batched_run"]
 
-Executor = Literal["auto", "batched", "sequential", "ray"]
-EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "ray")
+Executor = Literal["auto", "batched", "sequential", "processes", "ray"]
+EXECUTORS: tuple[str, ...] = ("auto", "batched", "sequential", "processes", "ray")
+#: worker processes of the ``processes`` executor when ``attack.workers`` is not set
+DEFAULT_PROCESSES = 4
 
 
 def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int,
@@ -52,12 +56,12 @@ def resolve_executor(requested: str, *, recipe: ShadowRecipe, num_classes: int,
     """
     if requested not in EXECUTORS:
         raise ConfigError(f"attack.executor must be one of {', '.join(EXECUTORS)}; got {requested!r}")
-    if requested in ("sequential", "ray") or (requested == "auto" and streamed):
+    if requested in ("sequential", "processes", "ray") or (requested == "auto" and streamed):
         return "sequential" if requested == "auto" else requested
     reason = batched_unsupported(recipe, num_classes=num_classes, input_shape=input_shape)
     if requested == "batched" and reason is not None:
         raise ConfigError(f"attack.executor=batched cannot train these reference models: {reason}; "
-                          f"use --executor sequential or ray")
+                          f"use --executor sequential, processes or ray")
     return "batched" if reason is None else "sequential"
 
 
@@ -144,7 +148,8 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
                         device: torch.device | str = "cpu", max_models_per_batch: int | None = None,
                         on_done: Callable[[int], None] | None = None, trust_code: bool = False,
                         staging: Path | None = None, ray: Any = None, show_progress: bool = False,
-                        canary_package: Path | None = None, threads: ThreadBudget | None = None) -> None:
+                        canary_package: Path | None = None, threads: ThreadBudget | None = None,
+                        workers: int | None = None) -> None:
     """Train the reference models ``todo`` (indices into ``keep``/``seeds``) into ``root/<k>/``.
 
     Args:
@@ -194,14 +199,42 @@ def train_shadow_models(*, recipe: ShadowRecipe, pool: ImageSet, test: ImageSet 
         if on_done is not None:
             on_done(len(todo))
         return
-    if executor != "sequential":
-        raise ValueError(f"executor must be 'batched', 'sequential' or 'ray'; got {executor!r}")
-    for i, k in enumerate(todo, 1):
+    if executor not in ("sequential", "processes"):
+        raise ValueError(f"executor must be 'batched', 'sequential', 'processes' or 'ray'; got {executor!r}")
+    n_proc = min(len(todo), workers or DEFAULT_PROCESSES) if executor == "processes" else 1
+    if n_proc > 1:
+        threads = ThreadBudget(role="rank", processes=n_proc)  # the cores shared by the worker processes
+
+    def task(k: int) -> dict[str, Any]:
         cfg = shadow_config(recipe, name=f"{target_name}-ref{k}", seed=seeds[k], output_dir=str(root))
-        _train_with_trainer({"config": cfg.model_dump(mode="json"), "run_dir": str(out / str(k)),
-                             "mask": keep[k].tolist(), "trust_code": trust_code,
-                             "canary_package": None if canary_package is None else str(canary_package),
-                             "threads": threads,
-                             "command": f"audit attack (reference model of {target_name}, {executor})"})
-        if on_done is not None:
-            on_done(i)
+        return {"config": cfg.model_dump(mode="json"), "run_dir": str(out / str(k)), "mask": keep[k].tolist(),
+                "trust_code": trust_code, "canary_package": None if canary_package is None else str(canary_package),
+                "threads": threads, "command": f"audit attack (reference model of {target_name}, {executor})"}
+
+    if n_proc == 1:
+        for i, k in enumerate(todo, 1):
+            _train_with_trainer(task(k))
+            if on_done is not None:
+                on_done(i)
+        return
+    _train_in_processes([task(k) for k in todo], n_proc, on_done)
+
+
+def _train_in_processes(tasks: list[dict[str, Any]], n_proc: int, on_done: Callable[[int], None] | None) -> None:
+    """The ``processes`` executor: ``n_proc`` worker processes (spawned: safe with CUDA) share this machine and
+    its GPU, each training one model at a time with the regular trainer; several small models keep a GPU busier
+    than one process can. The first failure stops the rest and is raised."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    with ProcessPoolExecutor(n_proc, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_train_with_trainer, t) for t in tasks]
+        done_count = 0
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in done:
+                f.result()  # raises the worker's error
+                done_count += 1
+                if on_done is not None:
+                    on_done(done_count)

@@ -199,7 +199,7 @@ def _new_index(expected: dict[str, Any], seeds: list[int], keep_sha: str, recipe
 
 def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, executor: str = "auto",
                     ray: Any = None, device: str = "auto", max_models_per_batch: int | None = None,
-                    retrain: bool = False, log: Any = None) -> ShadowSet:
+                    retrain: bool = False, log: Any = None, workers: int | None = None) -> ShadowSet:
     """Re-use or train the K reference models of ``target`` under ``<run>/shadows``.
 
     Args:
@@ -232,7 +232,7 @@ def prepare_shadows(*, target: VerifiedRun, n_models: int, seed: int = 0, execut
     with _executor_open(executor, ray, needed=needed, log=log) as where:
         return _prepare(target=target, root=root, n_models=n_models, seed=seed, executor=executor, ray=ray,
                         where=where, device=device, max_models_per_batch=max_models_per_batch, retrain=retrain,
-                        log=log)
+                        log=log, workers=workers)
 
 
 @contextmanager
@@ -255,7 +255,7 @@ def _executor_open(executor: str, ray: Any, *, needed: bool, log: Any) -> Iterat
 
 def _prepare(*, target: VerifiedRun, root: Path, n_models: int, seed: int, executor: str, ray: Any,
              where: str | None, device: str, max_models_per_batch: int | None, retrain: bool,
-             log: Any) -> ShadowSet:
+             log: Any, workers: int | None = None) -> ShadowSet:
     """:func:`prepare_shadows` once the executor is open."""
     say = log or (lambda _msg: None)
     recipe = shadow_recipe(config=target.config, manifest=target.manifest)
@@ -299,7 +299,7 @@ def _prepare(*, target: VerifiedRun, root: Path, n_models: int, seed: int, execu
                             max_models_per_batch=max_models_per_batch, trust_code=target.code.trust_code,
                             canary_package=canary_package_of(target),
                             on_done=stage_ticker(say, "reference models trained", len(todo)),
-                            show_progress=log is not None)
+                            show_progress=log is not None, workers=workers)
         for k in todo:
             runs[k] = _verify_model(root, k, keep[k], index, target.pool_fingerprint, trust_code=target.trust_code)
         models = [{"dir": str(k), "weights_sha256": runs[k].manifest.model.weights_sha256} for k in range(n_models)]

@@ -77,10 +77,13 @@ def _references(s: dict | None) -> list[str]:
     out = ["## b. Reference models and attacks", ""]
     p = r.get("probe")
     if p:
-        out += [f"Concurrency probe: {p['models']} models of the reference recipe's network, {p['steps']} steps each "
-                "(process start-up included for processes); the batched torch.func engine does not take BatchNorm "
-                "networks.", "", "| way | model-steps per second |", "|---|---:|"]
-        out += [f"| {k}{' (chosen)' if k == p['best'] else ''} | {v:.1f} |" for k, v in p["rates"].items()]
+        k, s = p["plan"]
+        out += [f"Concurrency probe: {p['models']} models of the reference recipe's network at once, {p['steps']} "
+                f"timed steps each after a warm-up; projected time = start-up + {k} models x {s} steps / rate. The "
+                "batched torch.func engine does not take BatchNorm networks.", "",
+                "| way | model-steps per second | start-up | projected for the plan |", "|---|---:|---:|---:|"]
+        out += [f"| {w}{' (chosen)' if w == p['best'] else ''} | {v:.1f} | {p['startup'][w]:.1f} s | "
+                f"{p['projected'][w]:.0f} s |" for w, v in p["rates"].items()]
         out.append("")
     runs = r.get("runs", [])
     if runs:

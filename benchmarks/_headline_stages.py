@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.device import (empty_cache, is_cuda, on_new_stream, reset_peak_memory, resolve_device,
-                             synchronize)
+from training.device import empty_cache, is_cuda, on_new_stream, reset_peak_memory, synchronize
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ("lira_online", "lira_offline", "rmia_offline")
@@ -83,25 +82,39 @@ def _probe_train(settings: dict, device: torch.device, steps: int) -> None:
     float(loss.detach())  # one sync at the end
 
 
-def _probe_process(settings: dict, steps: int) -> None:
+def _probe_process(settings: dict, steps: int, barrier, queue) -> None:
+    """One probe process: warm up, wait for the others, then time ``steps`` steps; (ready, done) times to ``queue``."""
     torch.set_num_threads(1)
-    _probe_train(settings, _device(settings), steps)
+    device = _device(settings)
+    _probe_train(settings, device, 2)
+    ready = time.time()
+    barrier.wait()
+    t0 = time.time()
+    _probe_train(settings, device, steps)
+    queue.put((ready, t0, time.time()))
 
 
-def concurrency_probe(settings: dict) -> dict:
-    """Models·steps per second of the reference recipe's model trained W at a time: one after another in one
-    process, W threads each on its own CUDA stream in one process, and W processes. Returns the rates and the
-    fastest way (what trains the reference models)."""
+def _mp_method(settings: dict, device: torch.device) -> str:
+    """spawn on CUDA (never fork a process holding CUDA); fork on the CPU (the smoke run: fast) unless set."""
+    return settings.get("mp_method") or ("spawn" if is_cuda(device) else "fork")
+
+
+def concurrency_probe(settings: dict, *, plan_models: int, plan_steps: int) -> dict:
+    """How to train ``plan_models`` reference models of ``plan_steps`` steps fastest: the reference recipe's
+    network trained W at a time one after another in one process, on W CUDA streams from W threads of one
+    process, or in W processes. Each way's steady rate (model-steps per second, after a warm-up) and start-up
+    (processes: spawning, imports, the first steps), and the time they project for the plan; the fastest is
+    chosen."""
     import multiprocessing as mp
 
     device = _device(settings)
     w, steps = settings["probe_models"], settings["probe_steps"]
     _probe_train(settings, device, 2)  # warm-up: kernels, cuDNN autotuning
-    rates = {}
+    rates, startup = {}, {}
     t0 = time.perf_counter()
     for _ in range(w):
         _probe_train(settings, device, steps)
-    rates["sequential"] = w * steps / (time.perf_counter() - t0)
+    rates["sequential"], startup["sequential"] = w * steps / (time.perf_counter() - t0), 0.0
 
     def one():
         with on_new_stream(device):
@@ -113,94 +126,24 @@ def concurrency_probe(settings: dict) -> dict:
         t.start()
     for t in threads:
         t.join()
-    rates["streams" if is_cuda(device) else "threads"] = w * steps / (time.perf_counter() - t0)
-    ctx = mp.get_context("spawn" if is_cuda(device) else "fork")  # fork: CPU only (the smoke run)
-    procs = [ctx.Process(target=_probe_process, args=(settings, 2 + steps)) for _ in range(w)]
-    t0 = time.perf_counter()
+    way = "streams" if is_cuda(device) else "threads"
+    rates[way], startup[way] = w * steps / (time.perf_counter() - t0), 0.0
+    ctx = mp.get_context(_mp_method(settings, device))
+    barrier, queue = ctx.Barrier(w), ctx.Queue()
+    t_spawn = time.time()
+    procs = [ctx.Process(target=_probe_process, args=(settings, steps, barrier, queue)) for _ in range(w)]
     for p in procs:
         p.start()
+    times = [queue.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
-    if all(p.exitcode == 0 for p in procs):  # process start-up is part of the cost, as it is for real
-        rates["processes"] = w * steps / (time.perf_counter() - t0)
-    best = max(rates, key=rates.get)
-    return {"rates": rates, "best": best, "models": w, "steps": steps}
-
-
-def _begin_shadows(run_dir: Path, n_models: int, seed: int):
-    """Write the reference models' keep masks and index as ``prepare_shadows`` does, so models trained here by
-    several processes are the ones ``audit attack`` then verifies and re-uses."""
-    from attacks.recipe import shadow_recipe
-    from attacks.shadows import _new_index, balanced_keep_masks, shadow_seeds
-    from foundation.files import INDEX_FILE, KEEP_FILE, SHADOW_DIR
-    from foundation.io import sha256_file, write_json, write_npy
-    from training.run import open_run
-
-    target = open_run(run_dir)
-    recipe = shadow_recipe(config=target.config, manifest=target.manifest)
-    root = run_dir / SHADOW_DIR
-    keep = balanced_keep_masks(n_models, len(target.pool), rng=[int(seed), 0x4B454550])
-    path = write_npy(root / KEEP_FILE, keep)
-    expected = {"recipe_hash": recipe.hash, "pool_fingerprint": target.pool_fingerprint, "n_reference": n_models,
-                "seed": int(seed)}
-    index = _new_index(expected, shadow_seeds(n_models, seed), sha256_file(path), recipe.to_dict(),
-                       target.manifest.run_name)
-    write_json(root / INDEX_FILE, index)
-    return target, recipe, keep, index["seeds"], root
-
-
-_WORKER: dict = {}
-
-
-def _worker_init(run_dir: str, n_models: int, seed: int, device: str) -> None:
-    from attacks.recipe import shadow_recipe
-    from attacks.shadows import shadow_seeds
-    from foundation.files import KEEP_FILE, SHADOW_DIR
-    from training.run import open_run
-
-    torch.set_num_threads(1)
-    target = open_run(Path(run_dir))
-    root = Path(run_dir) / SHADOW_DIR
-    _WORKER.update(target=target, recipe=shadow_recipe(config=target.config, manifest=target.manifest), root=root,
-                   keep=np.load(root / KEEP_FILE), seeds=shadow_seeds(n_models, seed), device=device)
-
-
-def _train_models(todo: list[int]) -> list[int]:
-    from attacks.shadow_train import train_shadow_models
-    from training.device import resolve_device
-    from training.run.verified import canary_package_of
-
-    w = _WORKER
-    t = w["target"]
-    train_shadow_models(recipe=w["recipe"], pool=t.pool, test=t.population, keep=w["keep"], seeds=w["seeds"],
-                        todo=todo, root=w["root"], target_name=t.manifest.run_name, executor="sequential",
-                        device=resolve_device(w["device"]), trust_code=t.code.trust_code,
-                        canary_package=canary_package_of(t))
-    return todo
-
-
-def _train_references(run_dir: Path, k: int, seed: int, how: str, workers: int, device: str) -> None:
-    """Train the K reference models: ``processes`` (``workers`` processes), ``streams``/``threads`` (``workers``
-    threads, each model on its own CUDA stream), else one after another (the attack's own sequential executor)."""
-    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-    import multiprocessing as mp
-
-    _begin_shadows(run_dir, k, seed)
-    if how == "processes":
-        method = "spawn" if is_cuda(resolve_device(device)) else "fork"  # never fork a process holding CUDA
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_worker_init,
-                                 initargs=(str(run_dir), k, seed, device)) as pool:
-            list(pool.map(_train_models, [[i] for i in range(k)]))
-        return
-    _worker_init(str(run_dir), k, seed, device)
-    if how in ("streams", "threads"):
-        def one(i):
-            with on_new_stream(resolve_device(device)):
-                _train_models([i])
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(one, range(k)))
-        return
-    _train_models(list(range(k)))
+    if all(p.exitcode == 0 for p in procs):
+        start, end = max(t[1] for t in times), max(t[2] for t in times)
+        rates["processes"], startup["processes"] = w * steps / max(end - start, 1e-9), start - t_spawn
+    projected = {k: startup[k] + plan_models * plan_steps / rates[k] for k in rates}
+    best = min(projected, key=projected.get)
+    return {"rates": rates, "startup": startup, "projected": projected, "plan": [plan_models, plan_steps],
+            "best": best, "models": w, "steps": steps}
 
 
 def _attack_row(report: dict) -> dict:
@@ -215,47 +158,44 @@ def _attack_row(report: dict) -> dict:
 
 
 def references(settings: dict) -> dict:
-    """Stage b: the concurrency probe, then K = 16 reference models trained the fastest way and the attacks
-    (LiRA online/offline, RMIA; 18 queries), then K = 64 when the stage's deadline leaves room for it."""
-    import shutil
-
+    """Stage b: the concurrency probe, then K = 16 reference models trained by the product's executor for the
+    fastest usable way (``processes`` or ``sequential``; CUDA streams are measured, but no executor trains on
+    them) and the attacks (LiRA online/offline, RMIA; 18 queries), then K = 64 when the stage's deadline leaves
+    room for it."""
     from audit import api
-    from foundation.files import SHADOW_DIR
+    from training.run import open_run
 
     t_stage = time.perf_counter()
     deadline = settings["deadline_at"]
-    probe = concurrency_probe(settings)
-    out = {"probe": probe, "runs": []}
-    _write_partial(settings, out)
     run_dir = Path(settings["run_dir"])
+    plan_steps = int(sum(p.steps for p in open_run(run_dir).manifest.privacy.phases))
+    probe = concurrency_probe(settings, plan_models=settings["n_reference"][0], plan_steps=plan_steps)
+    usable = {k: v for k, v in probe["projected"].items() if k in ("sequential", "processes")}
+    best = min(usable, key=usable.get)
+    out = {"probe": probe, "runs": [], "how": best}
+    _write_partial(settings, out)
     per_model = None
+    device = _device(settings)
     for k in settings["n_reference"]:
+        how = settings.get("force_way", {}).get(str(k), best)  # the smoke run: each executor once
         left = deadline - time.time()
         if per_model is not None and per_model * k * 1.15 > left:
             out["skipped"] = f"K = {k}: ~{per_model * k:.0f} s of training needed, {left:.0f} s left"
             break
-        shutil.rmtree(run_dir / SHADOW_DIR, ignore_errors=True)
-        device = _device(settings)
-        how = settings.get("force_way", {}).get(str(k), probe["best"])
-        t0 = time.perf_counter()
-        try:
-            _train_references(run_dir, k, settings["seed"], how, settings["probe_models"], settings["device"])
-        except Exception as exc:  # noqa: BLE001 - the attack below trains whatever is missing, one after another
-            out.setdefault("notes", []).append(f"K = {k}: training {how} failed ({type(exc).__name__}: "
-                                               f"{' '.join(str(exc).split())[:200]}); the attack trained the rest")
-            how += " (failed; rest sequential)"
-        t_train = time.perf_counter() - t0
-        per_model = t_train / k
         overrides = [f"attack.n_reference={k}", f"attack.attacks=[{', '.join(ATTACKS)}]", "attack.flip=true",
                      f"attack.shifts={settings['shifts']}", f"attack.n_bootstrap={settings['n_bootstrap']}",
                      f"attack.seed={settings['seed']}", f"attack.device={settings['device']}",
-                     f"attack.population={settings['population']}",
+                     f"attack.population={settings['population']}", f"attack.executor={how}",
+                     f"attack.workers={settings['probe_models']}",
                      f"attack.signal_batch_size={settings.get('signal_batch_size', 512)}"]
-        t1 = time.perf_counter()
-        report = api.attack(run_dir, overrides=overrides).report.model_dump()
-        queries = len(report["setup"]["augmentations"])
-        out["runs"].append({"k": k, "train_seconds": t_train, "attack_seconds": time.perf_counter() - t1,
-                            "how": how, "queries": queries, "attacks": _attack_row(report),
+        t0 = time.perf_counter()
+        report = api.attack(run_dir, overrides=overrides, retrain_shadows=True).report.model_dump()
+        wall = time.perf_counter() - t0
+        t_train = float(report["setup"]["shadow_train_seconds"])
+        per_model = t_train / k
+        out["runs"].append({"k": k, "train_seconds": t_train, "attack_seconds": wall - t_train, "how": how,
+                            "executor": report["setup"].get("executor"),
+                            "queries": len(report["setup"]["augmentations"]), "attacks": _attack_row(report),
                             "peak_bytes": _peak(device)})
         _write_partial(settings, out)
     out["seconds"] = time.perf_counter() - t_stage

@@ -104,7 +104,7 @@ def settings_for(args: argparse.Namespace, work: Path) -> dict[str, dict]:
                                  "training.channels_last=false"]
         ref = {"n_reference": [2, 4], "probe_models": 2, "probe_steps": 2, "probe_side": 16, "probe_batch": 16,
                "probe_kwargs": {"widths": [8, 16, 16]}, "shifts": 1, "n_bootstrap": 20, "population": 64,
-               "force_way": {"2": "processes"}}  # the smoke run goes through the processes path too
+               "force_way": {"2": "processes", "4": "sequential"}}  # the smoke run: both executors
         table = {"table_models": {"ViT (tiny)": {"arch": "vit_tiny_patch16_224", "cifar_stem": True,
                                                  "kwargs": {"embed_dim": 16, "depth": 1, "num_heads": 2}},
                                   "ResNet-20": RESNET20},

@@ -135,6 +135,7 @@ def test_executor_resolution(tmp_path: Path) -> None:
     rec = shadow_recipe(config=bn, manifest=_manifest(dp=False, sigma=None, q=0.3, steps=5))
     assert resolve_executor("auto", recipe=rec, num_classes=4, input_shape=shape) == "sequential"
     assert resolve_executor("ray", recipe=rec, num_classes=4, input_shape=shape) == "ray"
+    assert resolve_executor("processes", recipe=rec, num_classes=4, input_shape=shape) == "processes"
     with pytest.raises(ConfigError, match="attack.executor must be one of"):
         resolve_executor("process", recipe=rec, num_classes=4, input_shape=shape)
     with pytest.raises(ConfigError, match="batched cannot train"):
@@ -280,6 +281,21 @@ def test_sequential_executor_uses_the_trainer(target_run: Path, tmp_path: Path) 
         man = opened.manifest
         assert man.data.membership.scheme == "explicit" and (opened.membership == shadows.keep[k]).all()
         assert (d / "config.yaml").is_file() and man.training["steps"] == 12
+
+
+@pytest.mark.slow
+def test_processes_executor_trains_what_sequential_trains(target_run: Path, tmp_path: Path) -> None:
+    """Two worker processes (spawned) train the same reference models, bit for bit, as one after another."""
+    runs = {}
+    for executor in ("sequential", "processes"):
+        run = tmp_path / executor
+        shutil.copytree(target_run, run, ignore=shutil.ignore_patterns("shadows", "signals.npz"))
+        runs[executor] = prepare_shadows(target=open_run(run), n_models=2, seed=3, executor=executor, device="cpu",
+                                         workers=2)
+    assert runs["processes"].executor == "processes" and runs["processes"].trained == 2
+    for a, b in zip(runs["sequential"].runs, runs["processes"].runs):
+        assert a.manifest.model.weights_sha256 == b.manifest.model.weights_sha256
+        assert (a.membership == b.membership).all()
 
 
 def test_recipe_hash_survives_new_options_with_defaults(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def _print_table(result: Any) -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override an attack setting, e.g. --set attack.n_reference=16 (repeatable)")
 @click.option("--retrain-shadows", is_flag=True, help="delete the reference models under RUN/shadows and retrain")
-@click.option("--executor", type=click.Choice(["auto", "batched", "sequential", "ray"]), default=None,
+@click.option("--executor", type=click.Choice(["auto", "batched", "sequential", "processes", "ray"]), default=None,
               help="how reference models train (default: attack.executor)")
 @click.option("--ray-address", default=None, metavar="auto|HOST:PORT|ray://HOST:PORT",
               help="train reference models as tasks on this Ray cluster (implies --executor ray); without it "
@@ -55,7 +55,8 @@ def _print_table(result: Any) -> None:
               help="where the local Ray of --executor ray listens (default 127.0.0.1: this machine only); an IP "
                    "address of this machine opens it to other nodes (ray start --address)")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="CPUs of the local Ray of --executor ray (default: all cores)")
+              help="CPUs of the local Ray of --executor ray (default: all cores); worker processes of --executor "
+                   "processes (default 4)")
 @click.option("--no-progress", is_flag=True, help="no progress messages")
 @click.option("--trust-code", is_flag=True,
               help="allow the run directory to name code to import (model.arch 'package.module:factory'); "
