@@ -118,9 +118,13 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _split_key(key: str, shown: str) -> tuple[str, ...]:
-    parts = tuple(p for p in key.strip().split(".") if p)
-    if not parts:
+    raw = key.strip().split(".")
+    parts = tuple(p.strip() for p in raw)
+    if not any(parts):
         raise ConfigError(f"--set has an empty key in {shown!r}")
+    if not all(parts):  # "privacy..enabled" or ".x": a typo that must not set some other key
+        raise ConfigError(f"--set key {key.strip()!r} has an empty part (two dots, or a leading or trailing dot) "
+                          f"in {shown!r}; write it as section.key=value")
     return parts
 
 

@@ -38,6 +38,17 @@ BAD_VALUES = [
     (["optim.momentum=1"], r"optim\.momentum: Input should be less than 1"),
     (["optim.weight_decay=-1"], r"optim\.weight_decay: Input should be greater than or equal to 0"),
     (["data.image_size=4096"], r"data\.image_size: Input should be less than or equal to 1024, got 4096"),
+    # issue 37: values that used to end in a traceback, or pass silently
+    (["optim.lr=1e308"], r"optim\.lr must be at most 1e\+38 .*float32.*got 1e\+308"),
+    (["optim.name=adam", "optim.betas=[2.0, -1]"], r"optim\.betas must both be in \[0, 1\)"),
+    (["optim.betas=[2.0, -1]"], r"optim\.betas must both be in \[0, 1\)"),  # with SGD: was silently accepted
+    (["privacy.noise_multiplier=1e-300"], r"noise_multiplier must be 0 or at least 0\.001, got 1e-300"),
+    (["privacy.noise_multiplier=1e308"], r"noise_multiplier: Input should be less than or equal to 10000"),
+    (["training.seed=18446744073709551617"], r"training\.seed: Input should be less than or equal to 9223372036854775807"),
+    (["data.membership_seed=-1"], r"data\.membership_seed: Input should be greater than or equal to 0"),
+    (["model.arch=small_cnn", "model.kwargs={channels: [100000, 100000]}"],
+     r"would have 9e\+10 parameters, more than 1e\+10 .*refusing to allocate"),
+    (["privacy..enabled=true"], r"--set key 'privacy\.\.enabled' has an empty part"),
     (["data.image_size=0"], r"data\.image_size: Input should be greater than 0"),
     (["data.pool_size=0"], r"data\.pool_size: Input should be greater than 0"),
     (["data.pool_size=100000"], r"data\.pool_size=100000 but digits split 'train' has only \d+ examples"),

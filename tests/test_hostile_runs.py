@@ -174,6 +174,17 @@ TAMPERED = [
     ("manifest-extra-key", _manifest("extra", 1), "is invalid at 'extra'"),
     ("claim-negative", _manifest("privacy.epsilon", -1), r"privacy\.epsilon must be a finite number >= 0"),
     ("claim-delta", _manifest("privacy.delta", 2.0), r"privacy\.delta must be in \(0, 1\)"),
+    # issue 37: bounds on a received manifest, checked before anything is allocated from it
+    ("num-classes-0", _manifest("model.num_classes", 0), r"invalid at 'model\.num_classes': .*greater than or equal to 1"),
+    ("num-classes-neg", _manifest("model.num_classes", -1), r"invalid at 'model\.num_classes'"),
+    ("num-classes-1e9", _manifest("model.num_classes", 10**9), r"model\.num_classes': .*less than or equal to 100000"),
+    ("input-shape-0", _manifest("model.input_shape", [3, 0, 8]), r"model\.input_shape must be \(C, H, W\) with"),
+    ("input-shape-bomb", _manifest("model.input_shape", [3, 100000, 100000]), r"1 <= H, W <= 4096, got \[3, 100000"),
+    ("param-count-bomb", _manifest("model.param_count", 10**15), r"invalid at 'model\.param_count'"),
+    ("sigma-1e308", _manifest("privacy.phases", [{"name": "p", "dp": True, "noise_multiplier": 1e308,
+                                                   "sample_rate": 0.1, "steps": 6}]),
+     r"privacy\.phases\.0\.noise_multiplier': Input should be less than or equal to 10000"),
+    ("dp-yes-string", _manifest("privacy.dp", "yes"), r"invalid at 'privacy\.dp': Input should be a valid boolean"),
     ("claim-nan", lambda r: (r / "manifest.json").write_text(re.sub(
         r'"epsilon": [0-9.e+-]+', '"epsilon": NaN', (r / "manifest.json").read_text(), count=1)),
      r"privacy\.epsilon must be a finite number"),
@@ -480,3 +491,74 @@ ELSEWHERE = {
 def test_the_index_points_at_files_that_exist():
     root = Path(__file__).resolve().parents[1]
     assert all((root / f).is_file() for f in ELSEWHERE.values())
+
+
+# ------------------------------------------------------------------------ white-box evidence (gradient canaries)
+
+
+@pytest.fixture(scope="module")
+def gc_base(tmp_path_factory) -> Path:
+    """The tiny DP run trained with 50 gradient canaries (model_init.safetensors is θ_0)."""
+    root = tmp_path_factory.mktemp("hostile_gc")
+    r = cli("train", write_cfg(root / "cfg.yaml", root / "runs", **{"training.gradient_canaries.count": 50}),
+            "--no-progress")
+    assert r.exit_code == 0, r.output
+    return root / "runs" / "tiny"
+
+
+def _gc_record_rehash(run: Path, key: str, file: str) -> None:
+    from foundation.io import sha256_file
+
+    digest = sha256_file(run / file)
+    edit_json(run / "manifest.json", lambda m: m["training"]["gradient_canaries"].__setitem__(key, digest))
+
+
+def test_zero_update_is_a_finding(gc_base, tmp_path):
+    """model_init replaced by the final weights (θ_0 = θ_T, hashes fixed): every canary score would be 0. The
+    gradient canaries are skipped and the verdict is VIOLATION with the finding zero_update."""
+    run = tmp_path / "tiny"
+    shutil.copytree(gc_base, run)
+    shutil.copy(run / "model.safetensors", run / "model_init.safetensors")
+    _gc_record_rehash(run, "init_weights_sha256", "model_init.safetensors")
+    r = cli("epsilon", run, "--sources", "gradient_canaries")
+    assert r.exit_code == 0, r.output
+    data = json.loads((run / "epsilon.json").read_text())
+    assert data["verdict"]["status"] == "VIOLATION"
+    assert [f["kind"] for f in data["verdict"]["findings"]][:1] == ["zero_update"]
+    assert data["skipped"][0]["source"] == "gradient_canaries" and "zero update" in data["skipped"][0]["reason"]
+
+
+def test_pickled_gradient_canary_mask_is_never_loaded(gc_base, tmp_path):
+    run = tmp_path / "tiny"
+    shutil.copytree(gc_base, run)
+    np.save(run / "gradient_canaries.npy", np.array([Payload(tmp_path / "PWNED")], dtype=object), allow_pickle=True)
+    _gc_record_rehash(run, "included_sha256", "gradient_canaries.npy")
+    assert_error(cli("epsilon", run, "--sources", "gradient_canaries"), r"gradient_canaries\.npy is not a plain \.npy")
+    assert not (tmp_path / "PWNED").exists() and not (run / "epsilon.json").exists()
+
+
+def test_an_empty_received_config_is_a_finding_not_a_traceback(gc_base, tmp_path):
+    run = tmp_path / "tiny"
+    shutil.copytree(gc_base, run)
+    (run / "config.yaml").write_text("")
+    rehash(run, "config.yaml")
+    r = cli("epsilon", run, "--sources", "gradient_canaries")
+    assert r.exit_code in (0, 2) and "Traceback" not in r.output, r.output
+    if r.exit_code == 0:
+        findings = json.loads((run / "epsilon.json").read_text())["verdict"]["findings"]
+        assert any(f["kind"] == "claim_vs_config" for f in findings)
+    else:
+        assert_error(r, r"config\.yaml")
+
+
+def test_symlinked_shadows_are_never_written_through(run, tmp_path):
+    """A shadows/ folder shipped as a symbolic link (to a path the vendor chose) is refused, and with
+    --retrain-shadows the link is removed, never followed: the vendor's target is left as it was."""
+    target = tmp_path / "vendor_chosen"
+    target.mkdir()
+    (target / "index.json").write_text("{}")
+    (run / "shadows").symlink_to(target, target_is_directory=True)
+    args = ["--set", "attack.n_reference=2", "--set", "attack.attacks=[lira_offline]", "--set",
+            "attack.population=20", "--set", "attack.n_bootstrap=5", "--set", "attack.device=cpu", "--no-progress"]
+    assert_error(cli("attack", run, *args), "symbolic link")
+    assert sorted(p.name for p in target.iterdir()) == ["index.json"]

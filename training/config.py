@@ -35,9 +35,22 @@ MAX_TARGET_EPSILON = 100.0
 #: Largest ``data.image_size``: a pool is held in memory as uint8 N×S×S×3 (S = 1024: 3 MB per image).
 MAX_IMAGE_SIZE = 1024
 
+#: Largest seed: every random stream (numpy, torch) takes a signed 64-bit integer.
+MAX_SEED = 2**63 - 1
+
+#: Largest learning rate (and weight decay): float32 (the optimizers' parameter type) holds nothing above ~3.4e38.
+#: Any value near it diverges in the first steps, which training reports in one line.
+MAX_LR = 1e38
+
+#: Noise multipliers a DP run may use: below the floor no accountant gives a finite ε (the run is non-private:
+#: ``privacy.enabled: false``); above the ceiling the noise is ~1e4 clipping norms per step, nothing is learnt.
+MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER = 1e-3, 1e4
+
 __all__ = [
     "MAX_IMAGE_SIZE",
     "MAX_TARGET_EPSILON",
+    "MAX_SEED",
+    "MAX_LR",
     "Strict",
     "DataConfig",
     "ModelConfig",
@@ -145,14 +158,14 @@ class DataConfig(Strict):
     image_size: int | None = Field(None, gt=0, le=MAX_IMAGE_SIZE,
                                    description="resize images to this square size (None: native)")
     pool_size: int | None = Field(None, gt=0, description="use a subset of this many examples (pool_selection)")
-    pool_seed: int = Field(0, description="seed of the pool subset (pool_selection: random)")
+    pool_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the pool subset (pool_selection: random)")
     pool_selection: Literal["random", "first"] = Field(
         "random", description="which pool_size rows (and test_size test rows): a seeded uniform subset, or the "
         "first rows of the split in its stored order (to reproduce a setup that took the first N)")
     test_size: int | None = Field(None, gt=0, description="cap on the number of test examples")
     audit_split: bool = Field(True, description="members drawn by independent Bernoulli(member_prob)")
     member_prob: float = Field(0.5, gt=0.0, lt=1.0)
-    membership_seed: int = Field(0, description="seed of the Bernoulli membership draw")
+    membership_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the Bernoulli membership draw")
     download: bool = Field(False, description="allow torchvision to download (needs internet)")
     stream: bool | Literal["auto"] = Field(
         "auto", description="decode image files on the fly instead of holding the pool in memory (auto: when a "
@@ -173,7 +186,7 @@ class ModelConfig(Strict):
 
 class PrivacyConfig(Strict):
     enabled: bool = True
-    noise_multiplier: float | None = Field(None, ge=0.0)
+    noise_multiplier: float | None = Field(None, ge=0.0, le=MAX_NOISE_MULTIPLIER)
     target_epsilon: float | None = Field(None, description="calibrate sigma to reach this epsilon")
     delta: float | None = Field(None, description="delta (None: 1/(10 * n_members) rounded down to 1eK)")
     max_grad_norm: float = Field(1.0, gt=0.0)
@@ -196,6 +209,11 @@ class PrivacyConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "PrivacyConfig":
+        sigma = self.noise_multiplier
+        if self.enabled and sigma is not None and 0 < sigma < MIN_NOISE_MULTIPLIER:
+            raise ValueError(f"privacy.noise_multiplier must be 0 or at least {MIN_NOISE_MULTIPLIER:g}, got {sigma:g}: "
+                             f"below that no accountant gives a finite ε; train without DP with "
+                             f"privacy.enabled=false")
         if self.target_epsilon is not None and not self.target_epsilon > 0:
             raise ValueError(f"privacy.target_epsilon must be > 0, got {self.target_epsilon}")
         if self.enabled and self.target_epsilon is not None and self.target_epsilon > MAX_TARGET_EPSILON:
@@ -218,10 +236,10 @@ class PrivacyConfig(Strict):
 
 class OptimConfig(Strict):
     name: Literal["sgd", "adam", "adamw"] = "sgd"
-    lr: float = Field(0.1, gt=0.0)
+    lr: float = Field(0.1, gt=0.0, description=f"learning rate, at most {MAX_LR:g} (float32)")
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam/AdamW betas, each in [0, 1)")
     schedule: Literal["constant", "cosine", "step", "linear"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     step_size: int = Field(1000, gt=0, description="steps between decays for 'step'")
@@ -229,6 +247,21 @@ class OptimConfig(Strict):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     lr_scales: dict[str, float] = Field(default_factory=dict, description="learning-rate multipliers by parameter-name "
                                         "glob, e.g. {'net.head.*': 5.0}: one parameter group per parameter")
+
+    @field_validator("lr", "weight_decay")
+    @classmethod
+    def _float32(cls, v: float, info: Any) -> float:
+        if v > MAX_LR:
+            raise ValueError(f"optim.{info.field_name} must be at most {MAX_LR:g} (the optimizers hold it in float32), "
+                             f"got {v:g}")
+        return v
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"optim.betas must both be in [0, 1) (Adam's moment decay rates), got {list(v)}")
+        return v
 
     @field_validator("lr_scales")
     @classmethod
@@ -246,7 +279,7 @@ class CanaryConfig(Strict):
 
     count: int = Field(0, ge=0)
     kind: Literal["mislabel", "ood"] = "mislabel"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     from_file: str | None = Field(None, description="an auditor's canary package (.npz from 'audit canaries make')")
 
     @model_validator(mode="after")
@@ -261,7 +294,7 @@ class GradientCanaryConfig(Strict):
     """White-box gradient canaries (Steinke, Nasr, Jagielski 2023): m random unit directions."""
 
     count: int = Field(0, ge=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
 
 class HessianLogConfig(Strict):
@@ -350,7 +383,8 @@ class TrainingConfig(Strict):
     log_every: int = Field(10, gt=0)
     checkpoint_every: int = Field(50, gt=0, description="save resumable state every N steps")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int | None = Field(0, ge=0, description="seed of every random stream (null: secure mode, no seed)")
+    seed: int | None = Field(0, ge=0, le=MAX_SEED,
+                             description="seed of every random stream (null: secure mode, no seed)")
     progress: bool = True
     canaries: CanaryConfig = Field(default_factory=CanaryConfig)
     gradient_canaries: GradientCanaryConfig = Field(default_factory=GradientCanaryConfig)

@@ -40,8 +40,8 @@ from audit.bounds.gdp import epsilon_from_scores_gdp
 from audit.bounds.multi_run_source import multi_run_evidence
 from audit.bounds.one_run import epsilon_one_run_from_scores
 from audit.bounds.one_run_fdp import epsilon_one_run_fdp_from_scores
-from audit.bounds.sources import (Evidence, Skipped, gradient_canary_evidence, input_canary_evidence,
-                                   pool_evidence)
+from audit.bounds.sources import (ZERO_UPDATE, Evidence, Skipped, gradient_canary_evidence,
+                                   input_canary_evidence, pool_evidence)
 from audit.bounds.thresholds import HeldOut
 from audit.bounds.epsilon_file import (EpsilonFile, EstimateEntry, SkippedEntry, read_epsilon_file,
                                         write_epsilon_file)
@@ -330,7 +330,8 @@ def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool,
                              config_sha256=config_sha256(config), claim_sha256=claim_sha256(run)),
         claimed_epsilon=claim, delta=delta, alpha=config.alpha, estimates=estimates, skipped=tuple(skipped),
         verdict=with_claim_findings(judge_estimates(claimed_epsilon=claim, delta=delta, estimates=estimates,
-                                                    notes=notes), _claim_findings(run)), code=run.code)
+                                                    notes=notes),
+                                    (*_claim_findings(run), *_evidence_findings(skipped))), code=run.code)
     if write:
         path = write_epsilon_file(run_dir, report.to_file(), identity=evidence_identity(run))
         report = dataclasses.replace(report, path=path)
@@ -358,6 +359,12 @@ def claim_sha256(run: VerifiedRun) -> str:
              f"{CONFIG_FILE}:{run.config_sha256 or 'absent'}",
              f"{METRICS_FILE}:{sha256_file(metrics) if metrics.is_file() else 'absent'}"]
     return sha256_bytes("\n".join(parts).encode("utf-8"))
+
+
+def _evidence_findings(skipped: Sequence[Skipped]) -> tuple[Finding, ...]:
+    """Findings about the evidence files themselves: θ_0 = θ_T (a zero update) is an error."""
+    return tuple(Finding(kind="zero_update", severity="error", message=s.reason) for s in skipped
+                 if s.reason == ZERO_UPDATE)
 
 
 def _claim_findings(run: VerifiedRun) -> tuple[Finding, ...]:

@@ -41,13 +41,17 @@ from training.run.manifest import Manifest
 from foundation.files import SCORES_FILE
 
 __all__ = ["Evidence", "Skipped", "SOURCES", "SCORES_FILE", "pool_evidence", "input_canary_evidence",
-           "gradient_canary_evidence", "read_scores", "check_index_array", "finite_scores", "inclusion_is_half",
+           "gradient_canary_evidence", "ZERO_UPDATE", "read_scores", "check_index_array", "finite_scores", "inclusion_is_half",
            "run_recipe"]
 
 SOURCES = ("pool", "input_canaries", "gradient_canaries", "multi_run", "auditor_canaries")
 """Evidence sources; ``multi_run`` trains models (:mod:`audit.bounds.multi_run_source`); ``auditor_canaries``
 scores the auditor's own committed canaries against reference models it trains (:mod:`audit.bounds.auditor_source`);
 the rest read files."""
+#: Why the gradient canaries are skipped when the recorded θ_0 equals the final weights; the runner turns it into a
+#: ``zero_update`` finding (error): training with noise cannot leave every canaried parameter exactly unchanged.
+ZERO_UPDATE = ("the recorded initial weights θ_0 equal the final weights θ_T on every canaried parameter (a zero "
+               "update): no training run with noise ends where it started, so model_init or the weights were swapped")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -346,8 +350,11 @@ def gradient_canary_evidence(*, run: VerifiedRun) -> Evidence | Skipped:
     inc_path = _recorded_file(run_dir, rec, "included_file", "included_sha256")
     init_path = _recorded_file(run_dir, rec, "init_weights", "init_weights_sha256")
     count, seed, names = int(rec["count"]), int(rec["seed"]), [str(n) for n in rec["param_names"]]
-    included = np.load(inc_path, allow_pickle=False)
-    if included.dtype != np.bool_ or included.shape != (count,):
+    try:
+        included = np.load(inc_path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:  # a pickle, a truncated or foreign file: never unpickled
+        raise CheckpointError(f"{inc_path} is not a plain .npy bool array ({exc}); re-train the run") from None
+    if not isinstance(included, np.ndarray) or included.dtype != np.bool_ or included.shape != (count,):
         raise CheckpointError(f"{inc_path} must hold {count} booleans, got {included.dtype} {included.shape}")
     final = run.state_dict
     init = load_safetensors(init_path)
@@ -359,6 +366,8 @@ def gradient_canary_evidence(*, run: VerifiedRun) -> Evidence | Skipped:
     if bad:
         raise CheckpointError(f"{init_path} does not fit the final weights (parameter {bad[0]!r})")
     delta = flatten_parameters(final, names) - flatten_parameters(init, names)
+    if not np.any(delta):
+        return Skipped("gradient_canaries", ZERO_UPDATE)
     canaries = GradientCanaries(param_shapes=shapes, count=count, seed=seed, included=included)
     return Evidence(source="gradient_canaries", scores=canaries.scores(delta), included=canaries.included,
                     black_box=False,

@@ -180,11 +180,32 @@ def _last_linear(net: nn.Module, input_shape: tuple[int, int, int]) -> str:
                       "timm's forward_features/forward_head/get_classifier/reset_classifier")
 
 
+#: Most parameters a model may have (10^10 float32 = 40 GB): counted on the meta device before any allocation, so
+#: a config or received manifest asking for ``channels: [100000, 100000]`` is refused in one line.
+MAX_MODEL_PARAMETERS = 10**10
+
+
+def _check_size(build: Any, *, arch: str, kwargs: dict[str, Any]) -> None:
+    """Build once on the meta device (no memory) and refuse more than :data:`MAX_MODEL_PARAMETERS`."""
+    try:
+        with torch.device("meta"):
+            probe = build()
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"model.kwargs for {arch!r} are invalid: {exc}") from None
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return  # a model that cannot be built on the meta device: its real build is the check
+    n = sum(p.numel() for p in probe.parameters())
+    if n > MAX_MODEL_PARAMETERS:
+        raise ConfigError(f"model {arch!r} with kwargs {kwargs} would have {n:.3g} parameters, more than "
+                          f"{MAX_MODEL_PARAMETERS:.0e} ({n * 4 / 2**30:.3g} GiB of float32): refusing to allocate it")
+
+
 def create_network(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int, int, int],
                    trust_code: bool = False) -> tuple[nn.Module, str | None, list[str]]:
     """Step 1 of :func:`build_model`: (network, head_name or None for timm's protocol, notes).
 
-    ``trust_code``: allow an import-path ``cfg.arch`` (see :func:`build_model`).
+    ``trust_code``: allow an import-path ``cfg.arch`` (see :func:`build_model`). A registry or timm model is
+    first built on the meta device and refused above :data:`MAX_MODEL_PARAMETERS`.
     """
     arch, kwargs = cfg.arch, dict(cfg.kwargs)
     if arch in MODELS:
@@ -192,6 +213,8 @@ def create_network(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int
         bad = sorted(set(kwargs) - set(allowed))
         if bad:
             raise ConfigError(f"model.kwargs {bad} are not accepted by {arch!r}; allowed: {allowed}")
+        _check_size(lambda: MODELS.get(arch)(num_classes=num_classes, input_shape=input_shape, **kwargs),
+                    arch=arch, kwargs=kwargs)
         try:
             net = MODELS.get(arch)(num_classes=num_classes, input_shape=input_shape, **kwargs)
         except (ValueError, TypeError) as exc:
@@ -203,6 +226,8 @@ def create_network(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int
         if not has_timm_protocol(net):
             return net, _last_linear(net, input_shape), notes
     elif is_timm_model(arch):
+        _check_size(lambda: create_timm_model(arch, num_classes=num_classes, input_shape=input_shape, kwargs=kwargs,
+                                              cifar_stem=cfg.cifar_stem)[0], arch=arch, kwargs=kwargs)
         net, notes = create_timm_model(arch, num_classes=num_classes, input_shape=input_shape, kwargs=kwargs,
                                        cifar_stem=cfg.cifar_stem)
     else:

@@ -45,6 +45,14 @@ __all__ = [
 _FILE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 
+#: Bounds on what a received manifest may state, checked before anything is allocated from it: a model with more
+#: classes, a larger input or more parameters than these is refused in one line (10^5 classes covers
+#: ImageNet-21k; 4096 px and 64 channels any image model; 10^10 parameters is 40 GB of float32 weights).
+MAX_CLASSES, MAX_CHANNELS, MAX_SIDE, MAX_PARAMETERS = 100_000, 64, 4096, 10**10
+#: A DP phase's noise multiplier above this adds ~10^4 clipping norms of noise per step: not a training run.
+MAX_PHASE_SIGMA = 1e4
+
+
 class _M(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,18 +60,26 @@ class _M(BaseModel):
 class ModelInfo(_M):
     arch: str = Field(description="registry/timm name or 'package.module:factory'")
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    num_classes: int
+    num_classes: int = Field(ge=1, le=MAX_CLASSES)
     input_shape: tuple[int, int, int] = Field(description="(C, H, W) of the float input in [0, 1]")
     normalize_mean: tuple[float, float, float] | None = None
     normalize_std: tuple[float, float, float] | None = None
     cifar_stem: bool = True
     fix_batchnorm: bool = True
-    param_count: int
-    trainable_param_count: int
+    param_count: int = Field(ge=0, le=MAX_PARAMETERS)
+    trainable_param_count: int = Field(ge=0, le=MAX_PARAMETERS)
     weights_file: str = Field(WEIGHTS_FILE, pattern=_FILE_NAME, description="a file name in the run directory")
     weights_sha256: str
     frozen: list[str] = Field(default_factory=list, description="parameter names not trained")
     notes: list[str] = Field(default_factory=list, description="e.g. 'BatchNorm2d -> GroupNorm(...)'")
+
+    @model_validator(mode="after")
+    def _bounded_shape(self) -> "ModelInfo":
+        c, h, w = self.input_shape
+        if not (1 <= c <= MAX_CHANNELS and 1 <= h <= MAX_SIDE and 1 <= w <= MAX_SIDE):
+            raise ValueError(f"model.input_shape must be (C, H, W) with 1 <= C <= {MAX_CHANNELS} and 1 <= H, W <= "
+                             f"{MAX_SIDE}, got {list(self.input_shape)}")
+        return self
 
 
 class MembershipInfo(_M):
@@ -103,12 +119,12 @@ class DataInfo(_M):
 
 class PhaseInfo(_M):
     name: str
-    dp: bool
+    dp: bool = Field(strict=True)
     dataset: str | None = None
-    noise_multiplier: float | None = None
-    sample_rate: float | None = None
-    steps: int
-    batch_size: int | None = None
+    noise_multiplier: float | None = Field(None, ge=0.0, le=MAX_PHASE_SIGMA)
+    sample_rate: float | None = Field(None, ge=0.0, le=1.0)
+    steps: int = Field(ge=0, le=10**9)
+    batch_size: int | None = Field(None, ge=0)
     sampling: Literal["poisson", "shuffle", "none"] = "poisson"
     max_grad_norm: float | None = None
     clipping: Literal["flat", "per_layer", "automatic"] | None = None
@@ -122,7 +138,7 @@ class PhaseInfo(_M):
 
 
 class PrivacyInfo(_M):
-    dp: bool
+    dp: bool = Field(strict=True, description="true or false (a string such as 'yes' is refused)")
     unit: Literal["example"] = "example"
     neighbouring: Literal["add/remove", "replace-one"] = "add/remove"
     delta: float | None = None
