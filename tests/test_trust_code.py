@@ -192,7 +192,8 @@ def test_build_model_refuses_an_import_path_before_importing_it(run, monkeypatch
     assert (markers / "called").exists() and built.module.num_classes == 3
 
 
-@pytest.mark.parametrize("arch", ["hf-hub:timm/resnet18.a1_in1k", "local-dir:/tmp/model"])
+@pytest.mark.parametrize("arch", ["hf-hub:timm/resnet18.a1_in1k", "local-dir:/tmp/model", "hf_hub:timm/resnet18",
+                                  "HF-HUB:timm/resnet18", " local_dir:/tmp/model"])
 def test_timm_hub_and_folder_names_are_refused_even_when_trusted(arch) -> None:
     with pytest.raises(ConfigError, match="never downloads"):
         build_model(ModelConfig(arch=arch), num_classes=3, input_shape=(3, 8, 8), trust_code=True)

@@ -108,7 +108,7 @@ def names_code(arch: str) -> bool:
 
 def _check_import_path(arch: str, *, trust_code: bool) -> None:
     """Refuse timm hub/folder names always and import paths unless ``trust_code`` (before any import)."""
-    source = arch.partition(":")[0]
+    source = arch.partition(":")[0].strip().lower().replace("_", "-")  # timm reads hf_hub: as hf-hub: too
     if source in TIMM_SOURCES:
         raise ConfigError(f"model.arch {arch!r} asks timm to fetch a model from {source}; dp-audit never downloads: "
                           f"give the timm name (e.g. 'resnet18') and a local weights file in model.pretrained")
