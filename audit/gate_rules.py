@@ -302,9 +302,16 @@ def _eval_tpr(rule: TprAtFpr, baseline: RunFiles, candidate: RunFiles) -> RuleRe
     if unresolved:   # the comparison is then of TPR at zero false positives, not at this FPR: say so
         detail += (f"; TPR at {fmt.fpr_label(rule.fpr)} FPR is {' and '.join(unresolved)}: this compares TPR at "
                    f"zero false positives")
+    def shown(run: RunFiles, name: str, tpr: float, lo: float, hi: float) -> str:
+        """The table's cell: never a rate below 1/N printed as a number."""
+        n = _n_non(run, name)
+        if not resolvable(rule.fpr, n):
+            return f"{not_resolvable(n)} ({name})"
+        return f"{fmt.prob(tpr)} {fmt.ci(lo, hi)} {name}"
+
     return RuleResult(
         rule=rule.rule, label=f"TPR at {fmt.fpr_label(rule.fpr)} FPR ({rule.attack})",
-        baseline=f"{fmt.prob(bt)} {fmt.ci(blo, bhi)} {bn}", candidate=f"{fmt.prob(ct)} {fmt.ci(clo, chi)} {cn}",
+        baseline=shown(baseline, bn, bt, blo, bhi), candidate=shown(candidate, cn, ct, clo, chi),
         threshold=f"CI low ≤ {fmt.prob(limit)}", passed=ok, detail=detail,
         values={"fpr": rule.fpr, "tolerance": rule.tolerance,
                 "baseline": {"attack": bn, "tpr": bt, "ci": [blo, bhi]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,19 @@ def test_tpr_at_fpr_max_picks_the_strongest_attack(pair) -> None:
     result = _gate(base, cand, rule)
     assert not result.passed and result.rules[0].values["candidate"]["attack"] == "loss"
     assert _gate(base, cand, {**rule, "attack": "rmia_online"}).passed
+
+
+def test_tpr_at_fpr_table_never_prints_an_unresolvable_rate(pair) -> None:
+    """make_run's pools hold ~100 non-members: TPR at 0.1 % FPR is below 1/N, so the table's cells say so
+    (the value stays in gate.json's values for the record)."""
+    base, cand = pair
+    r = _gate(base, cand, {"rule": "tpr_at_fpr", "attack": "max", "fpr": 0.001}).rules[0]
+    assert r.baseline.startswith("not resolvable with ") and " non-members (" in r.baseline
+    assert r.candidate.startswith("not resolvable with ")
+    assert r.values["candidate"]["tpr"] is not None
+    fine = _gate(base, cand, {"rule": "tpr_at_fpr", "attack": "max", "fpr": 0.01}).rules[0]
+    n = json.loads((cand / "attack.json").read_text())["attacks"][fine.values["candidate"]["attack"]]["metrics"]
+    assert fine.candidate.startswith("not resolvable") is (n["n_nonmembers"] * 0.01 < 1)
 
 
 def test_tpr_at_fpr_bad_inputs(tmp_path: Path, pair) -> None:
