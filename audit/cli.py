@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("gate", "CI regression gate: candidate vs baseline under a policy (exit 0/1/2)."),
     "run": ("run", "Train, attack, estimate epsilon, transfer and report for every variant of a config."),
     "canaries": ("canaries", "Auditor canaries for a vendor's model: make the package and the commitment."),
+    "mechanism": ("mechanism", "Tight audit of the DP-SGD mechanism implementation with Dirac gradient canaries."),
 }
 
 

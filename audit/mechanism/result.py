@@ -94,16 +94,30 @@ def make_result(*, target: str, claim: MechanismClaim, max_grad_norm: float, run
         seed=int(seed), mutant=mutant, verdict=v.model_dump(mode="json")))
 
 
+def _identity(run_dir: Path) -> dict | None:
+    """The run's claim-bound evidence identity when ``run_dir`` is a run directory, else None."""
+    from foundation.files import MANIFEST_FILE
+    from training.run.freshness import evidence_identity
+    from training.run.manifest import read_manifest
+
+    if not (run_dir / MANIFEST_FILE).is_file():
+        return None
+    return evidence_identity(read_manifest(run_dir))
+
+
 def write_mechanism(run_dir: str | Path, result: MechanismResult) -> Path:
-    """Write ``mechanism.json`` into ``run_dir`` (atomically)."""
+    """Write ``mechanism.json`` into ``run_dir`` (atomically, signed with the auditor's evidence key; in a run
+    directory bound to the run and its claim, so an edited claim makes it stale)."""
     path = Path(run_dir) / MECHANISM_FILE
-    write_result(path, result)
+    ident = _identity(Path(run_dir))
+    write_result(path, result, identity=ident if ident is not None else {"mechanism": "standalone"})
     return path
 
 
 def read_mechanism(run_dir: str | Path) -> MechanismResult | None:
-    """``run_dir``'s ``mechanism.json``, or None when there is none."""
+    """``run_dir``'s ``mechanism.json`` (signature and, in a run directory, freshness checked), or None."""
     path = Path(run_dir) / MECHANISM_FILE
     if not path.is_file():
         return None
-    return read_result(path, MechanismResult, fmt=MECHANISM_FORMAT, remake=f"audit mechanism {run_dir}")
+    return read_result(path, MechanismResult, fmt=MECHANISM_FORMAT, remake=f"audit mechanism {run_dir}",
+                       identity=_identity(Path(run_dir)))

@@ -29,6 +29,7 @@ from audit.reporting.model import (
     EpsilonSection,
     EstimateRow,
     Glance,
+    MechanismRow,
     PhaseRow,
     ProvenanceSection,
     Report,
@@ -168,13 +169,23 @@ def attacks_section(run: RunFiles, commands: dict[str, str], images: PoolImages 
                           per_class=per_class, vulnerable=vulnerable, vulnerable_note=note)
 
 
+def mechanism_row(run: RunFiles) -> MechanismRow | None:
+    """The row of ``mechanism.json``, or None when ``audit mechanism`` was not run."""
+    m = run.mechanism
+    if m is None:
+        return None
+    return MechanismRow(status=str(m.verdict.status), target=m.target, claimed_epsilon=m.claimed_epsilon,
+                        epsilon_lb=m.epsilon_lb, tightness=m.tightness, trials=m.trials_in + m.trials_out,
+                        alpha=m.alpha)
+
+
 def epsilon_section(run: RunFiles, commands: dict[str, str]) -> EpsilonSection:
     claimed = run.manifest.privacy.claimed_epsilon
     if run.epsilon is None:
         return EpsilonSection(ran=False, command=commands["epsilon"], claimed_epsilon=claimed,
                               delta=run.manifest.privacy.delta, alpha=None, rows=[], status=None,
                               best_epsilon_lb=None, best_method=None, tightness=None, inconclusive_above=None,
-                              notes=[])
+                              notes=[], mechanism=mechanism_row(run))
     e = run.epsilon
     claimed = e.claimed_epsilon
     rows = []
@@ -187,7 +198,7 @@ def epsilon_section(run: RunFiles, commands: dict[str, str]) -> EpsilonSection:
     return EpsilonSection(ran=True, command=commands["epsilon"], claimed_epsilon=claimed, delta=e.delta,
                           alpha=e.alpha, rows=rows, status=str(v.status), best_epsilon_lb=v.best_epsilon_lb,
                           best_method=v.best_method, tightness=v.tightness,
-                          inconclusive_above=v.inconclusive_above, notes=list(v.notes))
+                          inconclusive_above=v.inconclusive_above, notes=list(v.notes), mechanism=mechanism_row(run))
 
 
 def membership_text(data: Any) -> str:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from attacks.attack_file import AttackFile, read_attack_file
 from audit.bounds.epsilon_file import EpsilonFile, read_epsilon_file
+from audit.mechanism.result import MechanismResult, read_mechanism
 from audit.transfer.transfer_file import TransferFile, read_transfer_file
 from foundation.errors import CheckpointError
 from foundation.files import ATTACK_FILE, EPSILON_FILE, METRICS_FILE, TRANSFER_FILE
@@ -97,6 +98,7 @@ class RunFiles:
         run_dir: the run directory.
         manifest: the validated manifest (always present).
         metrics, attack, epsilon, transfer: the parsed optional files, ``None`` when absent.
+        mechanism: ``mechanism.json`` (``audit mechanism``), ``None`` when absent.
         config: the resolved training config (``config.yaml``) as a mapping, ``None`` when absent.
         run: the opened run (:func:`training.run.open_run`); its weights, membership and pool are verified
             on first use (the report's thumbnails use its pool).
@@ -110,6 +112,7 @@ class RunFiles:
     transfer: TransferFile | None
     config: dict[str, Any] | None
     run: VerifiedRun | None = None
+    mechanism: MechanismResult | None = None
 
     @property
     def measured_test_accuracy(self) -> float | None:
@@ -157,6 +160,7 @@ def load_run(run_dir: str | os.PathLike[str] | VerifiedRun) -> RunFiles:
         epsilon=epsilon,
         transfer=_read_optional(path, TRANSFER_FILE, lambda p: read_transfer_file(p, identity=ident)),
         config=run.config_data,
+        mechanism=read_mechanism(path),
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "Vulnerable",
     "AttacksSection",
     "EstimateRow",
+    "MechanismRow",
     "EpsilonSection",
     "TransferRow",
     "UtilitySection",
@@ -155,6 +156,19 @@ class EstimateRow:
 
 
 @_frozen
+class MechanismRow:
+    """The tight audit of the DP-SGD mechanism (``mechanism.json``, ``audit mechanism``)."""
+
+    status: str
+    target: str
+    claimed_epsilon: float
+    epsilon_lb: float
+    tightness: float
+    trials: int
+    alpha: float
+
+
+@_frozen
 class EpsilonSection:
     """Empirical epsilon lower bounds (``epsilon.json``); ``ran`` is False when the file is absent."""
 
@@ -170,6 +184,7 @@ class EpsilonSection:
     tightness: float | None
     inconclusive_above: float | None
     notes: list[str]
+    mechanism: MechanismRow | None = None
 
 
 @_frozen
