@@ -43,7 +43,7 @@ def test_smoke_runs_every_stage_and_writes_its_own_file(tmp_path):
     for stage in STAGES:
         assert f"| {stage} | done |" in text, stage
     assert "| 2 | lira_online |" in text and "| 4 | rmia_offline |" in text  # K = 2, then K = 4
-    assert "(processes)" in text  # the forced path trained K = 2 in worker processes
+    assert "| processes |" in text and "(sequential)" in text  # probed all ways; trained one after another
     assert "| gradient_canaries | one_run |" in text
     for model in ("ViT (tiny)", "ResNet-20"):
         for mode in ("non-DP", "hooks", "ghost", "bk", "fused"):
