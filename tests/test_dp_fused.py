@@ -314,3 +314,27 @@ def test_audit_train_under_fused_equals_hooks_weights_accounting_and_canary_scor
         mf.privacy.phases[0].noise_multiplier
     assert mf.privacy.phases[0].grad_sample_mode == "fused"
     assert np.allclose(sh, sf, atol=1e-4)
+
+
+def test_fused_mode_keeps_frozen_batchnorm_in_eval_mode_like_hooks():
+    """A frozen BatchNorm (running statistics, no trainable parameters) must stay in eval mode in a DP step: in
+    train mode it would mix the examples of a batch (and the padding rows in)."""
+    x, y = data()
+
+    def model():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+        m[1].running_mean.uniform_(-0.5, 0.5)
+        m[1].requires_grad_(False)
+        return m
+
+    out = {}
+    for mode in ("hooks", "fused"):
+        recipe = TrainRecipe(steps=10, batch_size=B, optim=OptimConfig(name="sgd", lr=0.5), dp=True,
+                             noise_multiplier=0.5, max_grad_norm=C, grad_sample_mode=mode, physical_batch_size=4)
+        st = make_stepper(model=model(), recipe=recipe, sample_rate=B / N, generator=torch.Generator().manual_seed(1),
+                          device="cpu")
+        st.step(x[:9], y[:9])
+        out[mode] = [p.detach().clone() for p in st.close().parameters()]
+    for a, b in zip(out["hooks"], out["fused"]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)

@@ -263,8 +263,8 @@ class FusedDPStep:
              overflow: Tensor | None = None) -> None:
         """One logical step on the padded batch ``(x, y, valid)`` (device tensors of fixed shape): clipped sums,
         canaries (``canary_grad``: C·Σu_i per parameter), noise, division by the expected batch size, update.
-        ``overflow``: the sampler's truncation flag of this batch (0-d), counted for :meth:`check`."""
-        self.model.train()
+        ``overflow``: the sampler's truncation flag of this batch (0-d), counted for :meth:`check`. The caller sets
+        the modules' train/eval modes (frozen normalisation layers stay in eval mode, as the stepper keeps them)."""
         sums = self.clipped_sums(x, y, valid)
         if canary_grad is not None:
             sums = [s + c.to(s.dtype) for s, c in zip(sums, canary_grad)]
