@@ -42,7 +42,7 @@ from training.accounting import noise_multiplier_for
 
 warnings.filterwarnings("ignore")
 DELTA = 1e-5
-SETTINGS = {"full batch": dict(sample_rate=1.0, steps=10, trials=20_000, canaries_per_run=2000),
+SETTINGS = {"full batch": dict(sample_rate=1.0, steps=10, trials=100_000, canaries_per_run=4000),
             "Poisson": dict(sample_rate=0.01, steps=500, trials=60_000, canaries_per_run=20_000)}
 FULL = dict(noise_multiplier=2.0, sample_rate=1.0, steps=4, delta=DELTA, max_grad_norm=2.0, trials=8000)
 POISSON = dict(noise_multiplier=1.0, sample_rate=0.1, steps=20, delta=DELTA, trials=8000)

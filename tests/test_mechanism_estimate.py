@@ -12,7 +12,7 @@ from scipy import stats
 from audit.bounds.verdict import verdict
 from audit.mechanism import family
 from audit.mechanism.estimate import MechanismClaim, mechanism_estimate, threshold_grid
-from audit.mechanism.scoring import alternating_signs, simulate_observations, step_llr, trial_scores
+from audit.mechanism.scoring import simulate_observations, step_llr, trial_scores
 
 warnings.filterwarnings("ignore", category=UserWarning)
 

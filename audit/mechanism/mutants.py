@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 
 from training.dp.stepper import Stepper
 
