@@ -162,6 +162,7 @@ def test_ganesh_arm_sweeps_public_budgets_and_measures_both_barriers():
     for name in ("same_public", "random", "same_random"):
         curve = per[f"barrier_{name}_curve"][0]
         assert len(curve) == TINY.barrier_points and per[f"barrier_{name}"][0] >= 0
+    assert 0 <= per["nondp_public0_acc"][0] <= 1 and 0 <= per["nondp_public4_acc"][0] <= 1
 
 
 def test_downstream_sizes_give_private_and_val_only():
@@ -272,7 +273,8 @@ def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_
 
     import experiments.arms.ganesh as ganesh
 
-    assert ganesh.ganesh_parts(TINY) == ["public2", "same", "random", "same_random"]  # budgets 0, 2, 4
+    assert ganesh.ganesh_parts(TINY) == ["public2", "same", "random", "same_random",
+                                            "nondp"]  # budgets 0, 2, 4
     monkeypatch.setattr(runner, "OUT", tmp_path)
     monkeypatch.setitem(runner.SCALES, "tiny_g", TINY.with_(name="tiny_g"))
     calls = []
@@ -281,15 +283,15 @@ def test_ganesh_parts_merge_to_the_whole_arm_without_running_anything_twice(tmp_
     whole = ganesh.ganesh_arm(TINY)
     n_whole = calls.count("private")
     calls.clear()
-    for part in ("random", "public2", "same", "same_random"):
+    for part in ("random", "public2", "same", "same_random", "nondp"):
         runner.run_arm("ganesh", "tiny_g", 0, part)
-    assert n_whole == 6  # budgets 0, 2, 4 once, and one more run per pair
+    assert n_whole == 8  # budgets 0, 2, 4 once, one more run per pair, and 2 non-DP runs
     assert calls.count("private") == n_whole + 1  # as parts, random and same_random each train the 0 budget's run
     merged = runner.merge("ganesh", "tiny_g")
     assert set(merged["per_seed"]) == set(whole["per_seed"])
     for k, v in whole["per_seed"].items():
         assert np.allclose(np.asarray(merged["per_seed"][k], float), np.asarray(v, float)), k
-    assert merged["scale_settings"]["ganesh_parts"] == ["public2", "same", "random", "same_random"]
+    assert merged["scale_settings"]["ganesh_parts"] == ["public2", "same", "random", "same_random", "nondp"]
     assert merged["per_seed"]["barrier_same_random"][0] >= 0
     with pytest.raises(ValueError, match="ganesh_parts"):
         ganesh.ganesh_arm(TINY.with_(ganesh_parts=("public3",)))
@@ -339,10 +341,11 @@ def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "OUT", tmp_path)
     todo = queue.jobs(["vit", "continual", "ganesh", "trace", "ke"], False, scale="gpu_full")
     seeds = runner.SCALES["gpu_full"].seeds
-    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 6 + 3 + 6)
+    assert len(todo) == len(seeds) * (4 + len(CONTINUAL_ARMS) + 7 + 3 + 6)
     assert [j[4] for j in todo if j[1] == "continual" and j[2] == seeds[0]] == list(CONTINUAL_ARMS)
     assert [j[4] for j in todo if j[1] == "ganesh" and j[2] == seeds[0]] == ["public10", "public30", "public100",
-                                                                           "same", "random", "same_random"]
+                                                                           "same", "random", "same_random",
+                                                                           "nondp"]
     assert [j[4] for j in todo if j[1] == "trace" and j[2] == seeds[0]] == ["pretrain_nondp", "pretrain_dp",
                                                                           "finetune_dp"]
     assert [j[4] for j in todo if j[1] == "ke" and j[2] == seeds[0]] == ["random", "zero", "lpfft25", "lpfft50",
@@ -363,7 +366,7 @@ def test_the_gpu_queue_splits_every_arm_into_parts(tmp_path, monkeypatch):
     # parts running on this CPU meanwhile are left out of the lease's queue, by their file's stem
     skip = frozenset({"ganesh.s4.same", "ganesh.s4.random"})
     left = queue.jobs(["ganesh"], False, scale="gpu_full", skip=skip)
-    assert len(left) == len(seeds) * 6 - 2 and not [j for j in left if j[2] == 4 and j[4] in ("same", "random")]
+    assert len(left) == len(seeds) * 7 - 2 and not [j for j in left if j[2] == 4 and j[4] in ("same", "random")]
     for bad in (["ganesh.s9.same"], ["ganesh.s4.nope"], ["trace.s0.pretrain_dp"]):  # no such part of --arms
         with pytest.raises(SystemExit) as exc:
             gpu_cli.main(["run", "--scale", "gpu_full", "--arms", "ganesh", "--skip", *bad])

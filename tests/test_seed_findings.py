@@ -378,3 +378,23 @@ def test_the_validation_loss_switch_with_room_is_compared_with_the_same_seeds_sc
     room["plateau_reason"] = ["max_public_steps"] * n
     _arm_json(out, "cpu_hour_plateau", "continual", room, scale_settings={"switch": 120, "steps": 300})
     assert "**inconclusive**" in arm_rows.plateau_room_rows("cpu_hour")[0]  # never fired: not exercised
+
+
+def test_ganesh_contrast_compares_what_public_steps_buy_with_and_without_dp(out):
+    dp0, dp_top = [0.19, 0.18, 0.18, 0.25, 0.19], [0.34, 0.33, 0.35, 0.33, 0.33]
+    _arm_json(out, "cpu_hour", "ganesh", {"public0_acc": dp0, "public300_acc": dp_top,
+                                          "barrier_same_public": [0.0] * 5, "barrier_random": [0.3] * 5},
+              budgets=[0, 300])
+    assert arm_rows.ganesh_contrast_rows("cpu_hour") == []  # no non-DP runs yet: no row
+
+    def contrast(nd0, ndt):
+        for seed, (a, b) in enumerate(zip(nd0, ndt)):
+            p = out / "results/seed_arms/cpu_hour/parts" / f"ganesh.s{seed}.nondp.json"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps({"seeds": [seed], "per_seed": {"nondp_public0_acc": [a],
+                                                                   "nondp_public300_acc": [b]}}))
+        return arm_rows.ganesh_contrast_rows("cpu_hour")[0]
+
+    got = contrast([0.36, 0.37, 0.35, 0.36, 0.36], [0.38, 0.39, 0.37, 0.38, 0.39])  # +2 points without DP
+    assert "**reproduced**" in got and "gain +13.8 ± 3.4 points" in got
+    assert "**not reproduced**" in contrast([0.10, 0.11, 0.10, 0.12, 0.10], [0.40, 0.41, 0.42, 0.40, 0.41])

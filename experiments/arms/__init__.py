@@ -64,6 +64,7 @@ SPLITS = {
     "trace": Split("trace_runs", lambda s: chosen_parts(s, "trace_runs", TRACE_RUNS)),
     "ganesh": Split("ganesh_parts", lambda s: chosen_parts(s, "ganesh_parts", ganesh_parts(s)),
                     marker=lambda p: {"same": "barrier_same_public", "random": "barrier_random",
-                                     "same_random": "barrier_same_random"}.get(p, f"{p}_acc")),
+                                     "same_random": "barrier_same_random",
+                                     "nondp": "nondp_public0_acc"}.get(p, f"{p}_acc")),
     "ke": Split("ke_parts", lambda s: chosen_parts(s, "ke_parts", ke_parts(s))),
 }

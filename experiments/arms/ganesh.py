@@ -12,7 +12,9 @@ little public data does well; within a basin, DP training is close to convex. Tw
   barrier for the first pair (one basin) and a larger one for the second;
 * its control: two DP runs from the *same random* initialisation (the 0 budget's; different batches and noise).
   Two different random inits are separated by permutation symmetry alone, so "same public < random" could hold
-  without any public data; the hypothesis needs "same public < same random" too.
+  without any public data; the hypothesis needs "same public < same random" too;
+* the private-vs-non-private contrast: the same private steps *without* DP (no clipping, no noise) after 0 and after
+  the largest public budget; the paper's account predicts that public pre-training buys much more under DP.
 
 >>> alphas = [0.0, 0.5, 1.0]
 >>> loss_barrier(alphas, [1.0, 3.0, 2.0])  # 3 - (1 + 2) / 2
@@ -40,9 +42,10 @@ def ganesh_parts(scale: ArmScale) -> list[str]:
     budget's DP run, its second run from the same public start and their barrier), ``random`` (the 0 budget's DP
     run, a run from another random initialisation and their barrier) and ``same_random`` (the control: the 0
     budget's DP run, a second DP run from that same random initialisation and their barrier). Together: the whole
-    arm; run as parts, ``random`` and ``same_random`` each train the 0 budget's DP run (the only run done twice)."""
+    arm; run as parts, ``random`` and ``same_random`` each train the 0 budget's DP run (the only run done twice);
+    ``nondp`` trains the private steps without DP after 0 and after the largest public budget."""
     budgets = sorted(set(scale.public_steps) | {0})
-    return [f"public{k}" for k in budgets[1:-1]] + ["same", "random", "same_random"]
+    return [f"public{k}" for k in budgets[1:-1]] + ["same", "random", "same_random", "nondp"]
 
 
 def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], alpha: float
@@ -109,6 +112,13 @@ def ganesh_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | No
             train(model, [phase("public", data.public, scale=scale, steps=top, sigma=None, seed=seed, index=0)],
                   seed=seed, device=device, on_step=snap)
         out: dict[str, Any] = {}
+        if "nondp" in parts:  # the contrast: the same private steps without DP, after 0 and the largest budget
+            for k in (0, top):
+                model = build(scale, data, seed=seed, device=device)
+                model.load_state_dict(snaps[k])
+                model = train(model, [phase("private", data.private, scale=scale, steps=t, sigma=None, seed=seed,
+                                            index=1)], seed=seed, device=device)
+                out[f"nondp_public{k}_acc"] = test_acc(model, data.test, device)
         ends = {}
         for k in needed:
             trained = dp(snaps[k], seed, seed)

@@ -212,33 +212,82 @@ def ganesh_rows(scale: str) -> list[str]:
     return rows
 
 
-def ganesh_control(scale: str) -> dict[str, list[float]] | None:
-    """The Ganesh et al. arm's barriers at ``scale`` with its shared-random-init control, per seed: the arm's JSON
-    when it holds ``barrier_same_random``, else the JSON joined by seed with the control's part files
-    (``ganesh.s<seed>.same_random.json``, as ``experiments arms run ganesh --parts same_random`` writes them beside
-    a whole run). None without the control for every seed of the JSON."""
+def _part_values(scale: str, arm: str, part: str) -> dict[int, dict]:
+    """{seed: per-seed values} of an arm's part files ``<arm>.s<seed>.<part>.json`` at ``scale`` (this machine's,
+    else the committed copies), as ``experiments arms run ARM --parts PART`` writes them beside a whole run."""
     import json
 
     from experiments.findings.rows import OUT, ROOT
 
+    got: dict[int, dict] = {}
+    for base in (ROOT / "results/seed_arms", OUT / "seed_arms"):
+        for p in sorted((base / scale / "parts").glob(f"{arm}.s*.{part}.json")):
+            one = json.loads(p.read_text())
+            got.setdefault(one["seeds"][0], {k: v[0] for k, v in one["per_seed"].items()})
+    return got
+
+
+def ganesh_with(scale: str, part: str, key: str) -> tuple[dict, list[dict]] | None:
+    """The Ganesh et al. arm's JSON at ``scale`` and, per seed in its order, the values of ``part`` (from the JSON
+    when it holds ``key``, else from the part files run beside it); None without them for every seed."""
     g = arm_result(scale, "ganesh")
     if not g:
         return None
     ps = g["per_seed"]
-    keys = ("barrier_same_public", "barrier_random", "public0_acc")
-    if "barrier_same_random" in ps:
-        return {k: ps[k] for k in (*keys, "barrier_same_random")}
-    got = {}
-    for base in (ROOT / "results/seed_arms", OUT / "seed_arms"):
-        for p in sorted((base / scale / "parts").glob("ganesh.s*.same_random.json")):
-            part = json.loads(p.read_text())
-            got.setdefault(part["seeds"][0], part["per_seed"])
-    if not all(s in got for s in g["seeds"]):
+    if key in ps:
+        return g, [{k: v[i] for k, v in ps.items()} for i in range(len(g["seeds"]))]
+    got = _part_values(scale, "ganesh", part)
+    if not all(s in got and key in got[s] for s in g["seeds"]):
         return None
-    out = {k: ps[k] for k in keys}
-    out["barrier_same_random"] = [got[s]["barrier_same_random"][0] for s in g["seeds"]]
-    out["control_public0_acc"] = [got[s]["public0_acc"][0] for s in g["seeds"]]
+    return g, [got[s] for s in g["seeds"]]
+
+
+def ganesh_control(scale: str) -> dict[str, list[float]] | None:
+    """The Ganesh et al. arm's barriers at ``scale`` with its shared-random-init control, per seed (see
+    :func:`ganesh_with`); None without the control for every seed."""
+    got = ganesh_with(scale, "same_random", "barrier_same_random")
+    if not got:
+        return None
+    g, part = got
+    out = {k: g["per_seed"][k] for k in ("barrier_same_public", "barrier_random", "public0_acc")}
+    out["barrier_same_random"] = [p["barrier_same_random"] for p in part]
+    if "barrier_same_random" not in g["per_seed"]:
+        out["control_public0_acc"] = [p["public0_acc"] for p in part]
     return out
+
+
+def _signed_ms(values: list[float]) -> str:
+    """``+13.8 ± 3.4``: a mean difference in points with its sign, the SD without one."""
+    m, sd, _ = mean_sd(values)
+    return f"{100 * m:+.1f} ± {100 * sd:.1f}"
+
+
+def ganesh_contrast_rows(scale: str) -> list[str]:
+    """Ganesh et al.'s private-vs-non-private contrast: what the largest public budget buys DP training against what
+    it buys the same private steps without DP (per seed, two-sided Welch of the gains)."""
+    got = ganesh_with(scale, "nondp", "nondp_public0_acc")
+    if not got:
+        return []
+    g, part = got
+    top = max(g["budgets"])
+    if not all(f"nondp_public{top}_acc" in p for p in part):
+        return []
+    ps = g["per_seed"]
+    gain_dp = [a - b for a, b in zip(ps[f"public{top}_acc"], ps["public0_acc"])]
+    nd0, ndt = [p["nondp_public0_acc"] for p in part], [p[f"nondp_public{top}_acc"] for p in part]
+    gain_nd = [a - b for a, b in zip(ndt, nd0)]
+    r = compare(gain_dp, gain_nd)
+    cmd = (arms_cmd("ganesh", scale) + " (the whole arm, contrast included); the contrast alone beside an older run: "
+           f"python -m experiments arms run ganesh --scale {scale} --seeds 0 1 2 3 4 --parts nondp")
+    test = ("too few seeds for a test" if r is None else
+            f"DP gain > non-DP gain, two-sided Welch on the per-seed gains: diff {100 * r.welch.diff:+.1f} points, "
+            f"95 % CI [{100 * r.welch.ci_low:.1f}, {100 * r.welch.ci_high:.1f}], {exact_p(r.welch.p)}, "
+            f"n = {r.welch.n_a}/{r.welch.n_b}")
+    return [row(scale, "Ganesh et al. 2023", f"public pre-training matters for private training, much less for "
+                f"non-private: {top} public steps buy DP training more than the same private steps without DP",
+                f"DP: {pct(ps['public0_acc'])} → {pct(ps[f'public{top}_acc'])} (gain {_signed_ms(gain_dp)} points); "
+                f"without DP: {pct(nd0)} → {pct(ndt)} (gain {_signed_ms(gain_nd)} points)", test,
+                r.verdict if r else "inconclusive", cmd)]
 
 
 def ganesh_control_rows(scale: str) -> list[str]:

@@ -16,8 +16,8 @@ import argparse
 import json
 import os
 
-from experiments.findings.arms import (bu_arm_rows, ganesh_control_rows, ganesh_rows, ke_rows, plateau_room_rows,
-                                       trace_arm_rows)
+from experiments.findings.arms import (bu_arm_rows, ganesh_contrast_rows, ganesh_control_rows, ganesh_rows, ke_rows,
+                                       plateau_room_rows, trace_arm_rows)
 from experiments.findings.continual import continual_rows
 from experiments.findings.finetune import finetune_table_rows
 from experiments.findings.law import vit_rows
@@ -28,7 +28,7 @@ from experiments.papers.runs import OUT, ROOT
 
 
 SECTIONS = (continual_rows, bu_arm_rows, plateau_room_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows,
-            ganesh_control_rows, vit_rows)
+            ganesh_control_rows, ganesh_contrast_rows, vit_rows)
 SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "cpu_vit_ke", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour",
           "cpu_hour_vit", "cpu")
 

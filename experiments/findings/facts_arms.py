@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from experiments.findings.arms import SAME_ACCURACY_MARGIN, exact_p, ganesh_control as arm_control
+from experiments.findings.arms import SAME_ACCURACY_MARGIN, exact_p, ganesh_control as arm_control, ganesh_with
 from experiments.findings.law import R2_BAR, RHO_MARGIN_SHARE, _bound
 from experiments.findings.numbers import mean_pct, ms, ms_pct, p2, plain_p, points, signed, spread, spread_pct, thousands
 from experiments.findings.rows import OUT, ROOT, arm_result
@@ -119,10 +119,30 @@ def ganesh_control(small: str = "cpu_hour") -> dict[str, str]:
                                  "is not what makes the basin."}.get(
         v, "The control does not separate a shared public start from a shared random one: at this scale a shared "
            "start alone may be what puts the DP runs in one basin.")
-    return {"gc_reading": reading, "gc_scale": small, "gc_same": ms(c["barrier_same_public"]), "gc_same_random": ms(c["barrier_same_random"]),
+    return {"gc_reading": reading, "gc_scale": small, "gc_same": ms(c["barrier_same_public"]),
+            "gc_same_random": ms(c["barrier_same_random"]),
             "gc_rand": ms(c["barrier_random"]), "gc_p": exact_p(r.p) if r else "too few seeds",
             "gc_verdict": v,
             "gc_seeds": str(len(c["barrier_same_random"]))}
+
+
+def ganesh_contrast(small: str = "cpu_hour") -> dict[str, str]:
+    """Ganesh et al.'s private-vs-non-private contrast (the ``nondp`` part) at the largest scale that ran it."""
+    got = ganesh_with(small, "nondp", "nondp_public0_acc")
+    if not got:
+        return {}
+    g, part = got
+    top, ps = max(g["budgets"]), g["per_seed"]
+    nd0, ndt = [p["nondp_public0_acc"] for p in part], [p.get(f"nondp_public{top}_acc") for p in part]
+    if None in ndt:
+        return {}
+    gdp = [a - b for a, b in zip(ps[f"public{top}_acc"], ps["public0_acc"])]
+    gnd = [a - b for a, b in zip(ndt, nd0)]
+    r = compare(gdp, gnd)
+    return {"gx_scale": small, "gx_top": str(top), "gx_seeds": str(len(nd0)), "gx_dp0": ms_pct(ps["public0_acc"]),
+            "gx_dpt": ms_pct(ps[f"public{top}_acc"]), "gx_gain_dp": f"{100 * _mean(gdp):+.1f}",
+            "gx_nd0": ms_pct(nd0), "gx_ndt": ms_pct(ndt), "gx_gain_nd": f"{100 * _mean(gnd):+.1f}",
+            "gx_p": exact_p(r.welch.p) if r else "too few seeds", "gx_verdict": r.verdict if r else "inconclusive"}
 
 
 def plateau_room(small: str = "cpu_hour") -> dict[str, str]:

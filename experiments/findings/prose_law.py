@@ -60,7 +60,8 @@ def _budget_split(f: dict) -> str:
 def _ke_arm(f: dict) -> str:
     return (
         "* **Ke et al.'s arm on a source past 60 % (`cpu_vit_ke`, 5 seeds).** From `cpu_vit_long`'s pre-trained ViT "
-        f"({f['cvl_pre']} % on its 1,000 CIFAR-10 test images) to the 10-class Food-101 slice at ε = 8: LP-FFT with its split chosen on "
+        f"({f['cvl_pre']} % on its 1,000 CIFAR-10 test images) to the 10-class Food-101 slice at ε = 8: LP-FFT with "
+        "its split chosen on "
         f"held-out validation images beats DP linear probing alone ({f['ke_sel']} % vs {f['ke_lp']} %, "
         f"{f['ke_p_lp']}), so the backbone gains from DP updates here, which the small CNN's table did not show. But "
         f"LP first buys nothing over full fine-tuning from a random head ({f['ke_random']} %), nor does an LP-aligned "
@@ -83,7 +84,8 @@ def _against_issue(f: dict) -> str:
         f"{f['cvl_pre']} % ViT) and the 12-block ViT at ViT-Tiny's width (`gpu_full_vit_long`, {f['v_pre']} %). "
         "Inconclusive rows stay inconclusive: the tests did not separate the arms. Since issue 36 the verdicts are "
         "two-sided and claims of sameness are tested for equivalence, so a row can now say 'not reproduced' when the "
-        "data point the other way (the DP tr(H) curve, clipping's own cost, our decelerator threshold). The geometric law on the 3-block "
+        "data point the other way (the DP tr(H) curve, clipping's own cost, our decelerator threshold). The geometric "
+        "law on the 3-block "
         "CNN (`transfer.md`) is inconclusive as well: 3 points per fit leave 1 residual degree of freedom. "
         "`results/reference/seed_gpu/LEASES.md` has every lease as it ran and what each arm cost.")
 
@@ -99,5 +101,14 @@ def _ganesh_control(f: dict) -> str:
         "under Untested).")
 
 
-PROSE: tuple[Callable[[dict], str], ...] = (_ganesh_control, _law, _budget_split, _ke_arm)
+def _ganesh_contrast(f: dict) -> str:
+    return (
+        f"* **Ganesh et al.'s private-vs-non-private contrast (`{f['gx_scale']}`, the small CNN, {f['gx_seeds']} "
+        f"seeds).** {f['gx_top']} public steps lift DP training from {f['gx_dp0']} % to {f['gx_dpt']} % "
+        f"({f['gx_gain_dp']} points) and the same private steps without DP from {f['gx_nd0']} % to {f['gx_ndt']} % "
+        f"({f['gx_gain_nd']} points); that public pre-training buys DP training more: two-sided Welch on the "
+        f"per-seed gains {f['gx_p']}, {f['gx_verdict']}. At `gpu_full` the contrast is untested (Untested).")
+
+
+PROSE: tuple[Callable[[dict], str], ...] = (_ganesh_control, _ganesh_contrast, _law, _budget_split, _ke_arm)
 CLOSING: tuple[Callable[[dict], str], ...] = (_against_issue,)

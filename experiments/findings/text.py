@@ -17,7 +17,8 @@ def facts() -> dict:
     """Every figure the prose quotes, computed from the result files (a group whose files are absent is left out)."""
     f: dict = {}
     for group in (facts_runs.switch_gpu_full, facts_runs.switch_gpu, facts_runs.continual_cpu_hour,
-                  facts_runs.gpu_full_scale, facts_arms.continual_arm, facts_arms.ganesh, facts_arms.ganesh_control, facts_arms.plateau_room,
+                  facts_runs.gpu_full_scale, facts_arms.continual_arm, facts_arms.ganesh, facts_arms.ganesh_control, facts_arms.ganesh_contrast,
+                  facts_arms.plateau_room,
                   facts_arms.trace,
                   facts_arms.vit, facts_arms.ke, facts_tables.budget_split, facts_tables.h100_profile,
                   facts_scales.vit_scales, facts_scales.gpu_scale):

@@ -25,9 +25,13 @@ UNTESTED: tuple[tuple[str, str, str], ...] = (
      "`seed_arms/cpu_vit_ke/ke.json` (Food-101) are the nearest measurement, not the paper's setting",
      "STL-10 added to the shared data, then `python -m experiments arms run ke` on a scale whose downstream is it"),
     ("Ganesh et al.: public pre-training is necessary for private training but not for non-private training "
-     "(the private-vs-non-private contrast)",
-     "the arm sweeps public budgets before DP training only; no non-DP run follows the public phase",
-     "a non-DP variant of the arm's budget sweep (σ = 0 and no clipping after each public budget); not built"),
+     "(the private-vs-non-private contrast), at full size (`gpu_full`)",
+     "the arm's `nondp` part (the private steps without DP after 0 and after the largest public budget) ran at "
+     "`cpu_hour` only (its row); at `gpu_full` it is two 1,000-step trainings a seed of ResNet-20 on this CPU, and "
+     "no GPU time was lent to this session",
+     "on a GPU lease as for the control above (the queue runs the parts not yet in `results/seed_arms/gpu_full/"
+     "parts/`), or on this CPU `python -m experiments arms run ganesh --scale gpu_full --seeds 0 1 2 3 4 --parts "
+     "nondp`, then `python -m experiments findings`"),
     ("Ganesh et al.: the shared-random-init control at full size (`gpu_full`)",
      "the control ran at `cpu_hour` (its row); at `gpu_full` it is the same work as the arm's `random` part (two "
      "DP runs and a barrier){random_cost}, beyond this session's budget",
