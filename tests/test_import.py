@@ -135,3 +135,22 @@ def test_cli_import_then_attack(weights: Path, tmp_path: Path) -> None:
     assert "not resolvable with 30 non-members" in attack.output        # 0.1 % and 0.01 % FPR, 30 non-members
     lira = runner.invoke(main, ["attack", str(out), "--set", "attack.attacks=[lira_online]", "--no-progress"])
     assert lira.exit_code == 2 and lira.output.startswith("error:") and "config.yaml" in lira.output
+
+
+def test_forged_import_claim_is_not_passed_by_the_default_gate(weights: Path, tmp_path: Path) -> None:
+    """Non-DP weights imported with --claimed-epsilon 0.5: the claim lists no mechanism (claim_unverifiable) and
+    the default gate answers UNVERIFIABLE (exit 3), not PASS."""
+    runner = CliRunner()
+    out = tmp_path / "forged"
+    args = ["import", "--weights", str(weights), "--arch", "small_cnn", "--normalize-mean", "0.5", "0.5", "0.5",
+            "--normalize-std", "0.25", "0.25", "0.25", "--members", "digits:train", "--nonmembers", "digits:test",
+            "--limit", "40", "--population", "10", "--claimed-epsilon", "0.5", "--delta", "1e-5", "--out", str(out)]
+    assert runner.invoke(main, args).exit_code == 0
+    assert runner.invoke(main, ["attack", str(out), "--set", "attack.n_bootstrap=10", "--no-progress"]).exit_code == 0
+    eps = runner.invoke(main, ["epsilon", str(out), "--sources", "pool"])
+    assert eps.exit_code == 0, eps.output
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("rules:\n  - rule: no_violation\n")
+    gate = runner.invoke(main, ["gate", str(out), str(out), "--policy", str(policy), "--out", str(tmp_path / "g.json")])
+    status = json.loads((tmp_path / "g.json").read_text())["status"] if (tmp_path / "g.json").is_file() else None
+    assert (gate.exit_code, status) in ((3, "UNVERIFIABLE"), (1, "FAIL")), gate.output  # never a pass
