@@ -225,7 +225,7 @@ def load_or_compute_signals(*, target: VerifiedRun, shadows: ShadowSet | None, s
         say(f"{path} holds target signals that differ from the target's weights: recomputing")
     phi_pool = np.empty((len(runs), n, a), dtype=np.float32)
     phi_pop = np.empty((len(runs), m, a), dtype=np.float32)
-    tick = stage_ticker(say, "signals of the target and reference models", len(runs))
+    tick = stage_ticker(say, "signals (target + references)", len(runs))
     for i, run in enumerate(runs):
         phi_pool[i], phi_pop[i] = (target_phi if (i == 0 and target_phi is not None)
                                    else signals_of(run, keep_weights=i == 0))

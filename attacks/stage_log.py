@@ -40,8 +40,9 @@ class StageLog:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 
-        bar = Progress(TextColumn(f"{self.prefix}: {label}", markup=False), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        bar = Progress(TextColumn(f"{self.prefix}: {label}", markup=False), BarColumn(bar_width=16),
+                       MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA"),
+                       TimeRemainingColumn(),
                        console=self._get_console(), transient=False)
         task = bar.add_task(label, total=total)
         bar.start()

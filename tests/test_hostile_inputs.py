@@ -440,4 +440,4 @@ def test_progress_bar_labels_its_epsilon_as_the_rdp_bound(tmp_path):
     prv._progress.update = lambda _task, **kw: seen.append(kw.get("info"))
     prv.log(1, stats, epsilon=9.17)
     prv.close()
-    assert seen == ["loss 1.000  ε (RDP upper bound; the claim uses PRV, printed at the end) 9.17"]
+    assert seen == ["loss 1.000  ε (RDP bound; claim: PRV) 9.17"]

@@ -49,7 +49,7 @@ def test_progress_false_in_the_config_draws_no_bar_under_audit_run(tmp_path, mon
 def test_a_counted_stage_is_one_piped_line_with_total_and_eta() -> None:
     buf = io.StringIO()
     log = StageLog(show=True, console=Console(file=buf, width=160, force_terminal=False))
-    tick = log.stage("signals of the target and reference models", 17)
+    tick = log.stage("signals (target + references)", 17)
     for i in range(1, 18):
         tick(i)
     lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]

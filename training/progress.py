@@ -18,17 +18,17 @@ def epsilon_label(claim_accountant: str | None) -> str:
     """The bar's ε label, naming both bounds when the claim uses another accountant than the bar's RDP.
 
     >>> epsilon_label("prv")
-    'ε (RDP upper bound; the claim uses PRV, printed at the end)'
+    'ε (RDP bound; claim: PRV)'
     >>> print(epsilon_label("rdp"))
-    ε (RDP, the claim's accountant)
+    ε (RDP, the claim's)
     >>> epsilon_label(None)
     'ε (RDP, upper bound)'
     """
     if claim_accountant is None:
         return EPSILON_LABEL
     if claim_accountant.lower() == "rdp":
-        return "ε (RDP, the claim's accountant)"
-    return f"ε (RDP upper bound; the claim uses {claim_accountant.upper()}, printed at the end)"
+        return "ε (RDP, the claim's)"
+    return f"ε (RDP bound; claim: {claim_accountant.upper()})"  # short: a piped bar is 80 columns
 
 
 class TrainLogger:
@@ -51,7 +51,7 @@ class TrainLogger:
         if show:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            self._progress = Progress(TextColumn("[bold]train"), BarColumn(bar_width=12), MofNCompleteColumn(),
                                       TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
             self._progress.start()
             self._task = self._progress.add_task("train", total=total, completed=start, info="")
