@@ -5,6 +5,10 @@ Each ``bash`` block runs in a fresh temporary working directory with ``audit`` o
 interpreter (as a doctest when it is a ``>>>`` session). A block preceded by ``<!-- not-run: REASON -->`` is
 skipped with that reason (builds, GPUs, hours). A block that reads the shared data root (``$DP_AUDIT_SHARED``)
 is skipped, naming the variable, when that root is absent. Blocks without a language (trees, diagrams) are text.
+
+What it costs (the shared 2-core CPU of 2026-11-27, seven sessions at load 12, one torch thread): the vendor flow
+570 s, the gate block (two quickstart variants) 432 s, the quickstart 265-397 s, the ResNet-20 import 306 s, the
+transfer block 41-73 s, the rest under a minute each: about 30 min in all, hence `slow`.
 """
 
 from __future__ import annotations
