@@ -45,7 +45,7 @@ from training.run import VerifiedRun, evidence_identity, inputs_digest, run_popu
 from training.threads import ThreadBudget, model_work, using_threads
 
 __all__ = ["SIGNALS_FILE", "Signals", "choose_population", "population_size", "signals_key", "content_sha256",
-           "load_or_compute_signals"]
+           "structure_problem", "load_or_compute_signals"]
 
 
 
@@ -123,6 +123,31 @@ def content_sha256(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def structure_problem(arrays: dict[str, np.ndarray]) -> str | None:
+    """What is structurally wrong with cached signal arrays (shapes that disagree, non-finite signals, repeated
+    population indices, keep masks that are not bool), or None.
+
+    >>> ok = {"pool": np.zeros((2, 3, 1), np.float32), "population": np.zeros((2, 0, 1), np.float32),
+    ...       "population_index": np.zeros(0, np.int64), "keep": np.zeros((1, 3), bool)}
+    >>> structure_problem(ok) is None, structure_problem({**ok, "keep": np.zeros((2, 3), bool)})
+    (True, 'keep has 2 reference models, pool 1')
+    """
+    pool, pop, index, keep = (arrays[k] for k in ("pool", "population", "population_index", "keep"))
+    if pool.ndim != 3 or pop.ndim != 3 or keep.ndim != 2 or index.ndim != 1:
+        return "arrays of the wrong rank"
+    if keep.shape[0] != pool.shape[0] - 1:
+        return f"keep has {keep.shape[0]} reference models, pool {pool.shape[0] - 1}"
+    if keep.dtype != np.bool_ or keep.shape[1] != pool.shape[1]:
+        return "keep masks are not bool over the pool"
+    if pop.shape[0] != pool.shape[0] or pop.shape[2] != pool.shape[2] or pop.shape[1] != index.size:
+        return "population signals do not match the pool's or the population index"
+    if index.dtype.kind not in "iu" or np.unique(index).size != index.size:
+        return "population indices are not unique integers"
+    if not (np.isfinite(pool).all() and np.isfinite(pop).all()):
+        return "non-finite signals"
+    return None
+
+
 def _read_cache(path: Path, key: str, say: Callable[[str], None], identity: dict[str, str]) -> Signals | None:
     """The cached signals when the file is readable, signed by this auditor for this run (:mod:`foundation.evidence`:
     a file received with the run, or edited, is never reused), its key matches and its content hash holds; else
@@ -148,6 +173,10 @@ def _read_cache(path: Path, key: str, say: Callable[[str], None], identity: dict
         return None
     if recorded != content_sha256(arrays):
         say(f"{path} does not match its content hash (edited, or written by an older version): recomputing")
+        return None
+    problem = structure_problem(arrays)
+    if problem is not None:
+        say(f"{path}: {problem}: recomputing")
         return None
     return Signals(pool=arrays["pool"], population=arrays["population"],
                    population_index=arrays["population_index"], keep=arrays["keep"],

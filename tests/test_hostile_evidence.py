@@ -117,3 +117,20 @@ def test_signing_never_writes_through_a_link(tmp_path: Path) -> None:
     os.symlink(outside, link)
     write_signed_npz(link, identity=ID, arrays={"x": np.zeros(2)})
     assert not link.is_symlink() and outside.read_text() == "vendor's file"
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda a: a | {"pool": np.full_like(a["pool"], np.inf)}, "non-finite"),
+    (lambda a: a | {"population_index": np.array([4, 4])}, "not unique"),
+    (lambda a: a | {"keep": a["keep"].astype(np.int8)}, "not bool"),
+    (lambda a: a | {"pool": a["pool"][:, :2]}, "not bool over the pool"),
+    (lambda a: a | {"population": a["population"][:1]}, "population signals do not match"),
+])
+def test_structurally_wrong_signals_are_never_reused(change, problem) -> None:
+    """Even signed arrays are checked for shapes, finiteness and unique indices before any reuse."""
+    from attacks.signal_cache import structure_problem
+
+    ok = {"pool": np.zeros((3, 5, 2), np.float32), "population": np.zeros((3, 2, 2), np.float32),
+          "population_index": np.array([1, 4]), "keep": np.zeros((2, 5), bool)}
+    assert structure_problem(ok) is None
+    assert problem in structure_problem(change(ok))
