@@ -76,3 +76,14 @@ def test_bad_arguments_are_one_line_user_errors():
     with pytest.raises(UserError, match="DPOptimizer"):
         audit_opacus_mechanism(optimizer_factory=lambda ps: torch.optim.SGD(ps, lr=1), sample_rate=1.0, steps=2,
                                delta=1e-5, trials=100, canaries_per_run=100)
+
+
+def test_opacus_optimizer_with_opacus_poisson_sampler_is_consistent():
+    from opacus.optimizers import DPOptimizer
+
+    def factory(params):
+        return DPOptimizer(torch.optim.SGD(params, lr=0.5), noise_multiplier=1.0, max_grad_norm=1.0,
+                           expected_batch_size=100)  # q · m/2 = 0.1 · 1000
+    r = audit_opacus_mechanism(optimizer_factory=factory, sample_rate=0.1, steps=20, delta=1e-5, trials=8000,
+                               seed=5)
+    assert str(r.verdict.status) == "CONSISTENT" and 0.4 < r.tightness <= 1.0
