@@ -49,6 +49,7 @@ from training.models import build_model
 from training.pool import build_pool
 from foundation.files import CANARY_PACKAGE_FILE, CONFIG_FILE
 from training.run.manifest import PhaseInfo
+from training.threads import ThreadBudget
 from training.trainer import _finalize, _membership, _privacy_info
 
 ARMS = (("forged ε=1", 1.0, False), ("honest ε=1", 1.0, True), ("honest ε=8", 8.0, True))
@@ -59,13 +60,19 @@ def _config(args: argparse.Namespace, *, name: str, seed: int, sigma: float, pac
     return TrainConfig.model_validate({
         "name": name, "output_dir": str(args.work / "runs"),
         "data": {"dataset": "digits", "audit_split": True, "member_prob": 0.5, "membership_seed": seed,
-                 "pool_size": args.pool_size, "pool_seed": 0},
+                 **({"pool_size": args.pool_size, "pool_seed": 0} if args.pool_size else {})},
         "model": {"arch": args.arch, "kwargs": {"channels" if args.arch == "small_cnn" else "hidden": args.width}},
         "privacy": {"enabled": True, "noise_multiplier": sigma, "delta": DELTA, "max_grad_norm": 1.0,
                     "accountant": "prv"},
-        "optim": {"name": "adam", "lr": args.lr},
+        "optim": _optim(args),
         "training": {"steps": args.steps, "batch_size": args.batch_size, "physical_batch_size": 512, "seed": seed,
                      "progress": False, "canaries": {"from_file": str(package)}}})
+
+
+def _optim(args: argparse.Namespace) -> dict:
+    if args.optim == "adam":
+        return {"name": "adam", "lr": args.lr}
+    return {"name": "sgd", "lr": args.lr, "momentum": args.momentum, "schedule": args.schedule}
 
 
 def _write_run(cfg: TrainConfig, state: dict, *, command: str) -> Path:
@@ -95,7 +102,8 @@ def _write_run(cfg: TrainConfig, state: dict, *, command: str) -> Path:
                "epsilon_spent": privacy.epsilon, "final_loss": None, "wall_seconds": None, "history": []}
     _finalize(run_dir, cfg, model=model, model_cfg=cfg.model, model_notes=list(built.notes), frozen=[], pool=pool,
               mask=mask, mem_info=mem_info, privacy=privacy, metrics=metrics, extra={},
-              config_sha=sha256_bytes(text.encode("utf-8")), command=command, device=torch.device("cpu"))
+              config_sha=sha256_bytes(text.encode("utf-8")), command=command, device=torch.device("cpu"),
+              threads=ThreadBudget().plan(work=None).record())
     return run_dir
 
 
@@ -141,15 +149,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--arch", choices=["mlp", "small_cnn"], default="mlp")
+    parser.add_argument("--arch", choices=["mlp", "small_cnn"], default=None, help="default mlp (--readme: small_cnn)")
     parser.add_argument("--width", type=lambda s: [int(c) for c in s.split(",")], default=[256],
                         help="mlp hidden widths or small_cnn channels")
-    parser.add_argument("--pool-size", type=int, default=300, help="real pool examples (a seeded digits subset)")
+    parser.add_argument("--arms", type=lambda s: [int(c) for c in s.split(",")], default=None,
+                        help="indices into forged ε=1, honest ε=1, honest ε=8 (default all)")
+    parser.add_argument("--optim", choices=["adam", "sgd"], default="adam")
+    parser.add_argument("--momentum", type=float, default=0.9, help="sgd only")
+    parser.add_argument("--schedule", choices=["constant", "cosine"], default="constant", help="sgd only")
+    parser.add_argument("--pool-size", type=int, default=300,
+                        help="real pool examples (a seeded digits subset; 0: the whole audit split, as audit train)")
+    parser.add_argument("--readme", action="store_true",
+                        help="the README's vendor flow at its own sizes (eval_configs/vendor.yaml: small_cnn [16, 32], "
+                             "SGD lr 2 momentum 0.9 cosine, 150 steps, batch 128, whole pool; 2000 canaries; 16 "
+                             "reference models); overrides those options")
     parser.add_argument("--references", type=int, default=8, help="reference models per set")
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--work", type=Path, default=Path("results/forged_claims"))
     add_output_args(parser, seed=False, threads=2)
     args = parser.parse_args()
+    if args.readme and args.arch is not None and "--width" not in " ".join(__import__("sys").argv):
+        parser.error("--readme with --arch needs --width")
+    if args.readme:
+        args.optim, args.lr, args.momentum, args.schedule = "sgd", 2.0, 0.9, "cosine"
+        if args.arch is None:
+            args.arch, args.width = "small_cnn", [16, 32]
+        args.steps, args.batch_size, args.pool_size, args.canaries, args.references = 150, 128, 0, 2000, 16
+    if args.arch is None:
+        args.arch = "mlp"
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     secrets_dirs = []
@@ -160,7 +187,7 @@ def main() -> None:
         secrets_dirs.append(d)
     refs = args.work / "references"
     rows = []
-    for arm, eps, noisy in ARMS:
+    for arm, eps, noisy in [a for a in ARMS if args.arms is None or ARMS.index(a) in args.arms]:
         runs, train_s = _train_arm(args, arm, eps, noisy, secrets_dirs)
         t0 = time.perf_counter()
         reports = []
@@ -175,11 +202,17 @@ def main() -> None:
     emit(_table(args, rows, time.perf_counter() - t_start), args.out)
 
 
+def _optim_text(args) -> str:
+    if args.optim == "adam":
+        return f"Adam lr {args.lr}"
+    return f"SGD lr {args.lr} momentum {args.momentum} {args.schedule}"
+
+
 def _table(args, rows, total_s: float) -> str:
     lines = ["# Forged privacy claims vs auditor-chosen canaries (black-box)", "",
              f"Re-make: `{command_line('forged_claims.py')}`", "",
-             f"digits ({args.pool_size} real pool examples, members Bernoulli(1/2)), {args.arch} {args.width}, Adam "
-             f"lr {args.lr}, {args.steps} steps, batch {args.batch_size}, C = 1, δ = {DELTA:g}; {args.seeds} seeds "
+             f"digits ({args.pool_size or 'the whole audit split of'} real pool examples, members Bernoulli(1/2)), "
+             f"{args.arch} {args.width}, {_optim_text(args)}, {args.steps} steps, batch {args.batch_size}, C = 1, δ = {DELTA:g}; {args.seeds} seeds "
              f"per arm; "
              f"{args.canaries} OOD canaries per secret (each included w.p. 1/2, committed before training); "
              f"{args.references} reference models per set; α = {args.alpha}. The forged arm trains without "

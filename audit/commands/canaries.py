@@ -1,8 +1,21 @@
-"""`audit canaries make`: the auditor's canaries, the vendor's package and the commitment to publish."""
+"""`audit canaries make`: the auditor's canaries, the vendor's package and the commitment to publish.
+
+Before writing, it states what the kit can detect (:mod:`audit.bounds.power`): for a claim, the smallest true ε at
+which the one-run audit refutes it with probability >= ``--power``; ``--claim EPS`` without ``--count`` sizes the
+kit for that claim, or refuses in one line when no kit up to ``--max-count`` can refute it.
+"""
 
 from __future__ import annotations
 
 import click
+
+_DEFAULT_CLAIMS = (1.0, 8.0)
+
+
+def _reach(p) -> str:
+    if p.epsilon_detectable is None:
+        return f"the most the audit can show is ε_lb {p.ceiling:.3f}"
+    return f"refuted when the true ε >= {p.epsilon_detectable:.3f}"
 
 
 @click.group(name="canaries")
@@ -11,17 +24,25 @@ def command() -> None:
 
 
 @command.command(name="make")
-@click.option("--count", type=click.IntRange(min=20), default=None,
+@click.option("--count", type=click.IntRange(min=2), default=None,
               help="canaries m (each included with probability 1/2; default 2000, or sized for --claim)")
-@click.option("--claim", type=click.FloatRange(min=0.0, min_open=True), default=None,
-              help="the ε the vendor will claim: the kit is sized so that the audit can refute it (and says if no "
-                   "size can)")
-@click.option("--memorisation", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=0.5,
-              show_default=True, help="fraction of member canaries the model is expected to memorise")
+@click.option("--claim", type=click.FloatRange(min=0.0, min_open=True, max=1e6), default=None, metavar="EPS",
+              help="the ε the vendor will claim: the power is stated for it and, without --count, the kit is the "
+                   "fewest canaries whose audit refutes it with probability >= --power when the true ε is --factor x "
+                   "EPS (perfect attack) or the guesses are --accuracy correct; refused when no kit can")
+@click.option("--factor", type=click.FloatRange(min=1.0, min_open=True, max=1e6), default=2.0, show_default=True,
+              help="sizing: the violation to detect, as true ε / claimed ε")
+@click.option("--accuracy", type=click.FloatRange(min=0.5, max=1.0), default=None,
+              help="expected accuracy of the attack's membership signal per canary (e.g. measured on a pilot "
+                   "model); default: a perfect attack on the tight mechanism")
+@click.option("--power", type=click.FloatRange(min=0.0, max=1.0, min_open=True, max_open=True), default=0.5,
+              show_default=True, help="detection probability asked for (0.5: the median audit refutes)")
+@click.option("--max-count", type=click.IntRange(min=2, max=1_000_000), default=20_000, show_default=True,
+              help="sizing: the most canaries the kit may hold")
 @click.option("--alpha", type=click.FloatRange(min=0.0, max=1.0, min_open=True, max_open=True), default=0.05,
-              show_default=True, help="the audit's 1 - confidence")
-@click.option("--delta", type=click.FloatRange(min=0.0, max=1.0, min_open=True, max_open=True), default=1e-5,
-              show_default=True, help="the claim's δ")
+              show_default=True, help="the audit's 1 - confidence (audit epsilon --alpha)")
+@click.option("--delta", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=1e-5, show_default=True,
+              help="the claim's δ")
 @click.option("--num-classes", type=click.IntRange(min=2), required=True, help="classes of the vendor's task")
 @click.option("--image-size", type=click.IntRange(min=1, max=1024), required=True,
               help="side of the vendor's (square) training images")
@@ -32,29 +53,35 @@ def command() -> None:
                    "inclusion bits, so pass one only for reproducible experiments")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="directory to write into")
 @click.option("--overwrite", is_flag=True, help="replace canary files already in --out")
-def make(count: int | None, claim: float | None, memorisation: float, alpha: float, delta: float, num_classes: int,
-         image_size: int, kind: str, seed: int | None, out_dir: str, overwrite: bool) -> None:
+def make(count: int | None, claim: float | None, factor: float, accuracy: float | None, power: float,
+         max_count: int, alpha: float, delta: float, num_classes: int, image_size: int, kind: str,
+         seed: int | None, out_dir: str, overwrite: bool) -> None:
     """Write the vendor package, the auditor's secret file and the commitment (publish it before training), and
-    say which claims the kit can refute."""
+    say which violations the kit can detect."""
+    from audit.bounds.power import canaries_for_claim, kit_power
     from audit.canaries import make_canaries, write_canaries
-    from audit.canaries.power import KIT_SIZES, kit_power, size_kit
     from foundation.errors import UserError
 
-    power = None
     if claim is not None and count is None:
-        power = size_kit(claim=claim, alpha=alpha, delta=delta, memorisation=memorisation)
-        if power is None:
-            biggest = kit_power(m=KIT_SIZES[-1], alpha=alpha, delta=delta, memorisation=memorisation)
-            raise UserError(f"no kit of up to {KIT_SIZES[-1]} canaries can refute ε = {claim:g} at "
-                            f"{memorisation:.0%} memorisation (the largest reaches ε = {biggest.detectable:.3g}): "
-                            f"an audit with canaries cannot verify this claim (the gate would say UNVERIFIABLE); "
-                            f"agree a smaller claim")
-        count = power.m
+        sized = canaries_for_claim(claim=claim, factor=factor, power=power, accuracy=accuracy, delta=delta,
+                                   alpha=alpha, max_count=max_count)
+        if sized is None:
+            top = kit_power(m=max_count, claim=claim, delta=delta, alpha=alpha, power=power, accuracy=accuracy)
+            want = (f"{100 * accuracy:.1f}% attack accuracy" if accuracy is not None
+                    else f"a true ε of {factor:g}x the claim")
+            raise UserError(f"no kit of up to {max_count} canaries can refute ε = {claim:g} with probability >= "
+                            f"{power:g} given {want} at α = {alpha:g}, δ = {delta:g} (at {max_count} canaries: "
+                            f"{_reach(top)}): an audit with canaries cannot verify this claim (the gate would say "
+                            "UNVERIFIABLE); agree a smaller claim, or raise --max-count, lower --power or --factor "
+                            "(the δ term 2·m·δ of the one-run bound caps what any number of canaries shows)")
+        count = sized.m
+        click.echo(f"--claim {claim:g}: {count} canaries")
     count = 2000 if count is None else count
-    power = power or kit_power(m=count, alpha=alpha, delta=delta, memorisation=memorisation)
-    if claim is not None and not power.detectable > claim:
-        click.echo(f"warning: {count} canaries cannot refute ε = {claim:g} at {memorisation:.0%} memorisation "
-                   f"(they reach ε = {power.detectable:.3g}); omit --count to size the kit", err=True)
+    click.echo(f"power of {count} canaries (one-run audit at α = {alpha:g}, δ = {delta:g}; "
+               f"{'stated' if accuracy is not None else 'perfect'} attack):")
+    for c in (claim,) if claim is not None else _DEFAULT_CLAIMS:
+        click.echo("  power: " + kit_power(m=count, claim=c, delta=delta, alpha=alpha, power=power,
+                                           accuracy=accuracy).summary())
     secret = make_canaries(count=count, num_classes=num_classes, image_size=(image_size, image_size), kind=kind,
                            seed=seed)
     paths = write_canaries(out_dir, secret, overwrite=overwrite)
@@ -63,4 +90,3 @@ def make(count: int | None, claim: float | None, memorisation: float, alpha: flo
                f"{paths['package']}  -> the vendor trains with training.canaries.from_file={paths['package']}")
     click.echo(f"secret (keep it until the model is delivered): {paths['secret']}")
     click.echo(f"commitment (publish it now): {paths['commitment']}")
-    click.echo(f"power: {power.sentence()}")
