@@ -149,3 +149,26 @@ def test_cli_states_the_power_and_sizes_the_kit(tmp_path) -> None:
     # with --count the claim's power is stated for that kit (a kit too small for it says so)
     res = CliRunner().invoke(main, base + ["--claim", "8", "--count", "100", "--out", str(tmp_path / "d")])
     assert res.exit_code == 0 and "power: claim ε = 8: cannot be refuted by 100 canaries" in res.output
+
+
+def test_audit_epsilon_states_the_power_of_each_deciding_one_run_bound() -> None:
+    from types import SimpleNamespace
+
+    from audit.bounds.estimate import EpsilonEstimate
+    from audit.commands.epsilon import _power_lines
+
+    def sourced(source: str, method: str, m: int, in_verdict: bool = True) -> SimpleNamespace:
+        est = EpsilonEstimate(method=method, epsilon_lb=0.1, alpha=0.025, delta=1e-5, counts={"m": m, "r": 10, "v": 6},
+                              ceiling=3.0, extra={"k_pos_grid": (10, 50), "k_neg_grid": (0,)})
+        return SimpleNamespace(source=source, estimate=est, in_verdict=in_verdict)
+
+    report = SimpleNamespace(claimed_epsilon=1.0, delta=1e-5, estimates=[
+        sourced("auditor_canaries", "one_run", 300), sourced("auditor_canaries", "one_run_fdp", 300, False),
+        sourced("pool", "one_run", 50_000)])
+    lines = _power_lines(report)
+    expect = kit_power(m=300, claim=1.0, delta=1e-5, alpha=0.025, grid=((10, 50), (0,)))
+    assert lines == [f"power of auditor_canaries (m = 300; what it could detect, whatever it found): "
+                     f"{expect.summary()}"]
+    # the grid it was given is the one used: guessing IN only with k <= 50 of 300 detects less than the default grid
+    assert expect.epsilon_detectable > kit_power(m=300, claim=1.0, delta=1e-5, alpha=0.025).epsilon_detectable
+    assert _power_lines(SimpleNamespace(claimed_epsilon=float("inf"), delta=1e-5, estimates=report.estimates)) == []

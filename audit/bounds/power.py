@@ -89,11 +89,13 @@ class KitPower:
         return text
 
 
-def grid_pairs(m: int, *, points: int = 4, guesses: str = "in_out") -> tuple[np.ndarray, np.ndarray]:
-    """The audit's (k_pos, k_neg) pairs (:func:`~audit.bounds.runner.k_grids`, ``1 <= k_pos + k_neg <= m``)."""
+def grid_pairs(m: int, *, points: int = 4, guesses: str = "in_out",
+               grid: tuple[object, object] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The audit's (k_pos, k_neg) pairs (:func:`~audit.bounds.runner.k_grids`, or ``grid`` = (k_pos_grid,
+    k_neg_grid) as an estimate records them), those with ``1 <= k_pos + k_neg <= m``."""
     from audit.bounds.runner import k_grids
 
-    kp, kn = k_grids(m, points=points, guesses=guesses)
+    kp, kn = k_grids(m, points=points, guesses=guesses) if grid is None else grid
     pairs = sorted({(int(a), int(b)) for a in kp for b in kn if 1 <= a + b <= m})
     return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)
 
@@ -180,8 +182,8 @@ class _Pair:
         return lo
 
 
-def _setup(m: int, claim: float, delta: float, alpha: float, points: int, guesses: str):
-    kp, kn = grid_pairs(m, points=points, guesses=guesses)
+def _setup(m: int, claim: float, delta: float, alpha: float, points: int, guesses: str, grid=None):
+    kp, kn = grid_pairs(m, points=points, guesses=guesses, grid=grid)
     a_pair = alpha / kp.size
     r_unique = np.unique(kp + kn)
     v_unique = min_correct(m=m, r=r_unique, claim=claim, delta=delta, alpha=a_pair)
@@ -207,7 +209,8 @@ def detection_probability(*, m: int, claim: float, accuracy: float, delta: float
 
 
 def kit_power(*, m: int, claim: float, delta: float, alpha: float, power: float = 0.5,
-              accuracy: float | None = None, points: int = 4, guesses: str = "in_out") -> KitPower:
+              accuracy: float | None = None, points: int = 4, guesses: str = "in_out",
+              grid: tuple[object, object] | None = None) -> KitPower:
     """What ``m`` canaries can detect about ``claim`` (see :class:`KitPower` and the module notes).
 
     Args:
@@ -218,6 +221,7 @@ def kit_power(*, m: int, claim: float, delta: float, alpha: float, power: float 
         power: The detection probability asked for, in (0, 1) (0.5: the median audit refutes).
         accuracy: A stated guess accuracy in [0.5, 1] (e.g. measured on a pilot), or None.
         points, guesses: The audit's (k_pos, k_neg) grid (``EpsilonConfig.k_grid_points``, ``guesses``).
+        grid: The grid itself, (k_pos_grid, k_neg_grid), as an estimate records it (overrides points, guesses).
 
     Raises:
         ValueError: On an argument out of range.
@@ -228,7 +232,7 @@ def kit_power(*, m: int, claim: float, delta: float, alpha: float, power: float 
     """
     m, claim, delta, alpha = _check(m, claim, delta, alpha)
     power = check_alpha(power, "power")
-    pairs, v_of, a_pair, r_unique = _setup(m, claim, delta, alpha, points, guesses)
+    pairs, v_of, a_pair, r_unique = _setup(m, claim, delta, alpha, points, guesses, grid)
     ceiling = float(one_run_epsilon_bounds(m, r_unique, r_unique, delta, a_pair).max())
     need = [p.accuracy_needed(v_of[p.r], power) for p in pairs]
     i = int(np.argmin(need))
