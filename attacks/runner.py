@@ -41,6 +41,8 @@ from attacks.results import evaluate_scores, loo_summary
 from attacks.shadows import ShadowSet, prepare_shadows
 from attacks.signal_cache import Signals, load_or_compute_signals
 from training.device import resolve_device
+from training.models.build import USER_MODEL_PREFIX, user_model_refusal
+from training.run.manifest import read_manifest
 from foundation.errors import CheckpointError, UserError
 from training.evaluate import accuracy
 from foundation.evidence import read_signed_npz, write_signed_npz
@@ -51,6 +53,16 @@ from foundation.files import ATTACK_FILE, SCORES_FILE
 __all__ = ["AttackResult", "run_attack", "measure_utility", "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
 
 
+
+
+def _recorded_arch(run_dir: str | os.PathLike[str] | VerifiedRun) -> str:
+    """``model.arch`` as the run's manifest records it ("" when the manifest cannot be read)."""
+    if isinstance(run_dir, VerifiedRun):
+        return str(run_dir.manifest.model.arch)
+    try:
+        return str(read_manifest(run_dir).model.arch)
+    except UserError:
+        return ""
 
 
 def recipe_augment(run: VerifiedRun) -> dict[str, Any] | None:
@@ -162,7 +174,15 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
                 progress: bool, trust_code: bool) -> AttackResult:
     """:func:`run_attack` with the run directory locked."""
     say = _logger(progress)
-    target = as_run(run_dir, trust_code=trust_code)
+    try:
+        target = as_run(run_dir, trust_code=trust_code)
+        arch = str(target.manifest.model.arch)
+    except UserError:  # an OpacusAuditor run fails on its pool first: say why the run cannot be attacked at all
+        arch = _recorded_arch(run_dir)
+        if not arch.startswith(USER_MODEL_PREFIX):
+            raise
+    if arch.startswith(USER_MODEL_PREFIX):
+        raise UserError(user_model_refusal(arch))
     queries_from = settings.queries_from(target.config_data is not None)
     settings = settings.for_target(recipe_augment(target))  # attack.flip/shifts 'auto': as the target was trained
     _check_attacks(settings, target)

@@ -175,3 +175,12 @@ def test_opacus_auditor_run_report_has_no_dead_hints(tmp_path) -> None:
     for text in (paths.markdown.read_text(), paths.html.read_text()):
         assert "audit attack" not in text and "audit transfer" not in text
         assert "your own class" in text
+    from click.testing import CliRunner
+
+    from audit.cli import main
+
+    for args in (["attack", str(run.run_dir)], ["transfer", str(run.run_dir), "--suite",
+                                                 "eval_configs/transfer/digits.yaml"]):
+        res = CliRunner().invoke(main, args)   # both refuse, saying why in one line (no dead hint)
+        assert res.exit_code == 2 and "is your own model class" in res.output, res.output
+        assert "create the run with" not in res.output and "use one of" not in res.output

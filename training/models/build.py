@@ -97,6 +97,21 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
+#: How OpacusAuditor records a model of the user's own class (``user-model/<module>.<class>``): weights only.
+USER_MODEL_PREFIX = "user-model/"
+
+
+def user_model_refusal(arch: str) -> str:
+    """The one line for a command that needs to rebuild a model recorded as the user's own class.
+
+    >>> user_model_refusal("user-model/my.Net")[:60]
+    "model.arch 'user-model/my.Net' is your own model class, reco"
+    """
+    return (f"model.arch {arch!r} is your own model class, recorded by OpacusAuditor with its weights only: "
+            f"dp-audit cannot rebuild it, so audit attack and audit transfer cannot run on this run; its "
+            f"evidence is its canaries (audit epsilon RUN, audit report RUN)")
+
+
 def names_code(arch: str) -> bool:
     """Whether building ``model.arch`` would import and call code named by it (an import path).
 
@@ -230,6 +245,8 @@ def create_network(cfg: ModelConfig, *, num_classes: int, input_shape: tuple[int
                                               cifar_stem=cfg.cifar_stem)[0], arch=arch, kwargs=kwargs)
         net, notes = create_timm_model(arch, num_classes=num_classes, input_shape=input_shape, kwargs=kwargs,
                                        cifar_stem=cfg.cifar_stem)
+    elif arch.startswith(USER_MODEL_PREFIX):
+        raise ConfigError(user_model_refusal(arch))
     else:
         raise ConfigError(f"unknown model.arch {arch!r}: use one of {', '.join(MODELS.names())}, any timm model "
                           f"name (e.g. 'resnet18', 'vit_tiny_patch16_224'), or an import path "
