@@ -29,7 +29,7 @@ TINY_VIT = {"embed_dim": 16, "depth": 1, "num_heads": 2}
 CASES = {
     "small_cnn": ("small_cnn", {}, (3, 8, 8)),
     "mlp": ("mlp", {"hidden": (16,)}, (3, 8, 8)),
-    "fastnet": ("fastnet", {"widths": (8, 16, 16)}, (3, 16, 16)),
+    "fastnet": ("fastnet", {"widths": (8, 16, 16)}, (3, 32, 32)),  # 2×2 at the last norm: GroupNorm needs > 1 value
     "resnet20_cifar": ("resnet20_cifar", {}, (3, 8, 8)),
     "import_path_resnet20": ("training.models.cifar_resnet:resnet20", {}, (3, 8, 8)),
     "timm_resnet": ("resnet18", {"layers": (1, 1, 1, 1), "channels": (8, 8, 16, 16)}, (3, 16, 16)),
