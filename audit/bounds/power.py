@@ -1,25 +1,28 @@
 """Power of a one-run canary audit before it is run: which violations a kit of ``m`` canaries can detect.
 
-The model is the one the one-run theorem is tight for (Steinke, Nasr, Jagielski 2023, §6): each of the ``m``
-canaries is included with probability 1/2, the auditor guesses ``r = k_pos + k_neg`` of them, and each guess is
-correct independently with probability ``a`` (the attack's *guess accuracy*). A mechanism that is exactly
-ε_true-DP (randomised response on every canary's bit) allows at most ``a = e^ε_true / (1 + e^ε_true)``, and a
-perfect attack on it reaches that; so "the smallest detectable ε" of a kit for a claim ``c`` is
+The model is the mechanism the one-run theorem is tight for (Steinke, Nasr, Jagielski 2023, §6): each of the
+``m`` canaries is included with probability 1/2 and the model reveals, per canary, a membership signal that is
+right with probability ``a`` independently (randomised response; exactly ε_true-DP for
+``a = e^ε_true / (1 + e^ε_true)``). A perfect attack ranks the canaries by that signal, and the audit guesses the
+top ``k_pos`` IN and the bottom ``k_neg`` OUT for every pair of its grid, so a guess is right with probability
+``a`` until a pair guesses more canaries than signal that way (:class:`_Pair`: with N1 ~ Bin(m, 1/2) signalling IN,
+the excess is right with probability 1 - a). "The smallest detectable ε" of a kit for a claim ``c`` is
 
-    ε_detect(c) = inf{ε_true : P[ε_lb(V) > c] >= power},   V ~ Bin(r, expit(ε_true)),
+    ε_detect(c) = inf{ε_true : P[ε_lb(V) > c] >= power},   a = expit(ε_true),
 
 where ``ε_lb`` is the estimator the audit runs (:func:`~audit.bounds.one_run.one_run_epsilon_bounds`, at the
-per-pair level ``alpha / n_pairs`` of its (k_pos, k_neg) grid). For every ``r`` of the grid, ``ε_lb(v)`` is
-non-decreasing in ``v``, so the event is ``V >= v*(r)`` (the fewest correct guesses whose bound exceeds ``c``,
-found by bisection over ``v`` with the estimator itself) and ``P[V >= v*] = I_a(v*, r - v* + 1)`` (regularised
-incomplete beta), so the accuracy needed is its inverse in closed form. The audit reports the best pair of the
-grid, which is at least any one pair's bound, so the best single-``r`` probability is a lower bound on the
-audit's power and ε_detect an upper bound on the smallest ε it detects (conservative in both).
+per-pair level ``alpha / n_pairs`` of its (k_pos, k_neg) grid, :func:`~audit.bounds.runner.k_grids`). For every
+``r = k_pos + k_neg``, ``ε_lb(v)`` is non-decreasing in ``v``, so the event is ``V >= v*(r)`` (the fewest correct
+guesses whose bound exceeds ``c``, by bisection over ``v`` with the estimator itself); for a pair below every
+likely group size ``V ~ Bin(r, a)`` and ``P[V >= v*] = I_a(v*, r - v* + 1)`` (regularised incomplete beta) is
+inverted in closed form, otherwise the mixture over N1 is bisected in ``a``. The audit reports the best pair of
+the grid, at least any one pair's bound, so the best single-pair probability is a lower bound on the audit's
+power and ε_detect an upper bound on the smallest ε it detects (conservative in both). tests/test_kit_power.py
+checks both against Monte Carlo runs of the estimator.
 
-A real attack's accuracy falls as it guesses more canaries; this model holds ``a`` fixed for every ``r``, which is
-the regime of memorised canaries (each guess as good as the last). With a *stated* accuracy (say measured on a
-pilot model), :func:`kit_power` gives the detection probability and the largest claim the kit refutes with the
-given probability.
+A real attack is not perfect: with a *stated* accuracy ``a`` (say measured on a pilot model), :func:`kit_power`
+gives the detection probability and the largest claim refuted with the given probability. A model that does not
+memorise the canaries has ``a`` near 1/2 whatever its ε (results/reference/forged_claims_readme.md: small_cnn).
 """
 
 from __future__ import annotations
