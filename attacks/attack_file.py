@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.result_json import CodeRecord, Real, ResultModel, read_named, write_result
 from foundation.files import ATTACK_FILE
 
 __all__ = ["ATTACK_FORMAT", "ATTACK_FILE", "Interval", "AttackMetrics", "Roc", "ClassSlice", "LeaveOneOut",
@@ -150,17 +150,9 @@ class AttackFile(ResultModel):
 
 
 def read_attack_file(path: str | os.PathLike[str], *, identity: Mapping[str, Any] | None = None) -> AttackFile:
-    """Read and validate ``attack.json`` (a run directory or the file itself).
-
-    Raises:
-        CheckpointError: missing, not JSON, not signed by this auditor (edited or made elsewhere), stale against
-            ``identity`` (:func:`training.run.evidence_identity`) when given, another format, or not this schema
-            (one line: key and remedy).
-    """
-    path = Path(path)
-    path = path / ATTACK_FILE if path.is_dir() else path
-    return read_result(path, AttackFile, fmt=ATTACK_FORMAT, remake=f"audit attack {path.parent}",
-                       identity=identity)
+    """``attack.json`` of a run directory (or the file itself), verified and validated by
+    :func:`foundation.result_json.read_result` (whose one-line errors name ``audit attack RUN`` as the remedy)."""
+    return read_named(path, ATTACK_FILE, AttackFile, fmt=ATTACK_FORMAT, command="audit attack", identity=identity)
 
 
 def write_attack_file(run_dir: str | os.PathLike[str], data: AttackFile, *, identity: Mapping[str, Any]) -> Path:

@@ -29,7 +29,8 @@ from foundation.errors import CheckpointError
 from foundation.evidence import sign_json, verify_json
 from foundation.io import json_ready, read_json, write_json
 
-__all__ = ["Real", "ResultModel", "CodeRecord", "read_result", "write_result", "validation_message"]
+__all__ = ["Real", "ResultModel", "CodeRecord", "result_path", "read_named", "read_result", "write_result",
+           "validation_message"]
 
 _NON_FINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 
@@ -98,6 +99,26 @@ def write_result(path: str | os.PathLike[str], model: ResultModel, *, identity: 
     auditor's evidence key over its content and ``identity`` (the run it was made for:
     :func:`training.run.evidence_identity`; :mod:`foundation.evidence`)."""
     return write_json(path, sign_json(json_ready(model.model_dump(mode="json")), identity=identity))
+
+
+def result_path(path: str | os.PathLike[str], name: str) -> Path:
+    """``path/name`` when ``path`` is a (run) directory, else ``path`` itself.
+
+    >>> result_path("/nonexistent/attack.json", "attack.json").name
+    'attack.json'
+    """
+    path = Path(path)
+    return path / name if path.is_dir() else path
+
+
+def read_named(path: str | os.PathLike[str], name: str, model: type[M], *, fmt: str, command: str,
+               identity: Mapping[str, Any] | None = None,
+               migrations: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None) -> M:
+    """:func:`read_result` of the file ``name`` in a run directory ``path`` (or of ``path`` itself), whose errors
+    name ``{command} RUN`` as the remedy."""
+    path = result_path(path, name)
+    return read_result(path, model, fmt=fmt, remake=f"{command} {path.parent}", migrations=migrations,
+                       identity=identity)
 
 
 def read_result(path: str | os.PathLike[str], model: type[M], *, fmt: str, remake: str,

@@ -24,7 +24,7 @@ from audit.config import load_run_config
 from audit.pipeline import run_pipeline
 from audit.reporting import build_report, load_run
 from fixtures_runs import make_run, update_json
-from training.config import TrainConfig
+from test_auditor_canaries import _cfg as vendor_config
 from training.trainer import train
 
 TINY = {
@@ -129,15 +129,7 @@ def test_tpr_at_or_below_its_fpr_is_chance_not_success(tmp_path, ratio, chance) 
 def test_vendor_membership_counts_the_package_canaries_as_members(tmp_path) -> None:
     secret = make_canaries(count=40, num_classes=4, image_size=(8, 8), seed=3, salt="5a" * 32)
     paths = write_canaries(tmp_path / "kit", secret)
-    result = train(TrainConfig.model_validate({
-        "name": "vendor", "output_dir": str(tmp_path / "runs"),
-        "data": {"dataset": "synthetic", "split": "train:n=60,classes=4", "test_split": "test:n=20,classes=4",
-                 "audit_split": True, "member_prob": 0.5},
-        "model": {"arch": "mlp", "kwargs": {"hidden": [32]}},
-        "privacy": {"enabled": True, "noise_multiplier": 1.0, "delta": 1e-5},
-        "optim": {"name": "sgd", "lr": 0.1},
-        "training": {"steps": 3, "batch_size": 16, "progress": False,
-                     "canaries": {"from_file": str(paths["package"])}}}))
+    result = train(vendor_config(tmp_path, paths["package"]))  # the vendor flow's tiny config
     membership = np.load(result.run_dir / "membership.npy")
     n_pkg = int(secret.included.sum())
     assert membership[-n_pkg:].all() or membership.sum() >= n_pkg      # the package is trained on whole

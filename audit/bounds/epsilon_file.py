@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from audit.bounds.verdict import Verdict
-from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.result_json import CodeRecord, Real, ResultModel, read_named, write_result
 from foundation.files import EPSILON_FILE
 
 __all__ = ["EPSILON_FORMAT", "EPSILON_FILE", "EstimateEntry", "SkippedEntry", "EpsilonFile", "read_epsilon_file",
@@ -103,17 +103,11 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_epsilon_file(path: str | os.PathLike[str], *, identity: Mapping[str, Any] | None = None) -> EpsilonFile:
-    """Read and validate ``epsilon.json`` (a run directory or the file itself); ``/1`` files are migrated.
-
-    Raises:
-        CheckpointError: missing, not JSON, not signed by this auditor (edited or made elsewhere), stale against
-            ``identity`` (:func:`training.run.evidence_identity`) when given, another format, or not this schema
-            (one line: key and remedy).
-    """
-    path = Path(path)
-    path = path / EPSILON_FILE if path.is_dir() else path
-    return read_result(path, EpsilonFile, fmt=EPSILON_FORMAT, remake=f"audit epsilon {path.parent}",
-                       migrations={"dp-audit-epsilon/1": migrate_v1}, identity=identity)
+    """``epsilon.json`` of a run directory (or the file itself), verified and validated by
+    :func:`foundation.result_json.read_result` (its one-line errors name ``audit epsilon RUN``); ``/1`` files are
+    migrated."""
+    return read_named(path, EPSILON_FILE, EpsilonFile, fmt=EPSILON_FORMAT, command="audit epsilon", identity=identity,
+                      migrations={"dp-audit-epsilon/1": migrate_v1})
 
 
 def write_epsilon_file(run_dir: str | os.PathLike[str], data: EpsilonFile, *, identity: Mapping[str, Any]) -> Path:

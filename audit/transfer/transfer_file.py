@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from foundation.result_json import CodeRecord, Real, ResultModel, read_result, write_result
+from foundation.result_json import CodeRecord, Real, ResultModel, read_named, write_result
 from foundation.files import TRANSFER_FILE
 
 __all__ = ["TRANSFER_FORMAT", "TRANSFER_FILE", "Accuracy", "LinearProbeEntry", "KnnEntry", "FinetuneEntry",
@@ -181,17 +181,10 @@ class TransferFile(ResultModel):
 
 
 def read_transfer_file(path: str | os.PathLike[str], *, identity: Mapping[str, Any] | None = None) -> TransferFile:
-    """Read and validate ``transfer.json`` (a run directory or the file itself).
-
-    Raises:
-        CheckpointError: missing, not JSON, not signed by this auditor (edited or made elsewhere), stale against
-            ``identity`` (:func:`training.run.evidence_identity`) when given, another format or layout, or not
-            this schema (one line: key and remedy).
-    """
-    path = Path(path)
-    path = path / TRANSFER_FILE if path.is_dir() else path
-    return read_result(path, TransferFile, fmt=TRANSFER_FORMAT, remake=f"audit transfer {path.parent}",
-                       identity=identity)
+    """``transfer.json`` of a run directory (or the file itself), verified and validated by
+    :func:`foundation.result_json.read_result` (whose one-line errors name ``audit transfer RUN`` as the remedy)."""
+    return read_named(path, TRANSFER_FILE, TransferFile, fmt=TRANSFER_FORMAT, command="audit transfer",
+                      identity=identity)
 
 
 def write_transfer_file(path: str | os.PathLike[str], data: TransferFile, *, identity: Mapping[str, Any]) -> Path:
