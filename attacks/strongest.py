@@ -1,7 +1,5 @@
-"""The one definition of "the strongest attack", used by `audit run`'s summary and the report.
-
-(The gate's ``attack: max`` still picks, per rule, the attack with the largest value of that rule's own metric:
-the rule names its metric, so that is what it compares.)
+"""The one definition of "the strongest attack", used by `audit run`'s summary, the report and `audit gate`
+(a policy rule's ``attack: strongest``, alias ``max``: :mod:`audit.gate_rules`).
 
 **Definition.** The reference FPR is the lowest FPR level that every attack's non-members resolve (at least
 ``1 / N``; :mod:`attacks.resolution`), no lower than 0.1 %. The strongest attack has the highest TPR at the

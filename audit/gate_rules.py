@@ -8,14 +8,20 @@ A policy is a YAML file::
         budget: 8.0
       - rule: no_violation            # candidate's epsilon.json verdict is not VIOLATION
       - rule: tpr_at_fpr              # candidate leaks no more than baseline at a fixed FPR, with CIs
-        attack: max                   # an attack name, or "max": the attack with the highest TPR at that FPR
+        attack: strongest             # an attack name, or "strongest" (alias "max"): attacks/strongest.py
         fpr: 0.001
         tolerance: 0.0
       - rule: min_accuracy_delta      # candidate test accuracy >= baseline - tolerance
         tolerance: 0.01
-      - rule: max_auc                 # candidate AUC (attack or "max") <= threshold
-        attack: max
+      - rule: max_auc                 # candidate AUC (attack or "strongest") <= threshold
+        attack: strongest
         threshold: 0.6
+
+**Which attack.** ``attack: strongest`` (the default; ``max`` is an alias kept for older policies) is each run's
+strongest attack by the one definition used by ``audit run``'s summary and the report
+(:func:`attacks.strongest.strongest`: highest TPR at the lowest FPR every attack resolves, at least 0.1 %, ties
+broken by AUC), whatever metric the rule compares; a named attack is used as named. ``gate.json`` records, per
+rule, the attack used for each run and how it was chosen (``attack_selection``).
 
 Exact pass/fail conditions (``b`` = baseline, ``c`` = candidate; attack scores are "higher = member"):
 
@@ -51,13 +57,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from attacks.attack_file import AttackFile
 from attacks.registry import attack_names
 from attacks.resolution import not_resolvable, resolvable
+from attacks.strongest import DEFINITION, strongest
 from audit.reporting import fmt
 from audit.reporting.inputs import RunFiles, level_key
 from foundation.errors import UserError
 from foundation.files import ATTACK_FILE, EPSILON_FILE
 
 __all__ = [
+    "STRONGEST",
     "delta_limit",
+    "strongest_of",
     "MaxClaimedEpsilon",
     "NoViolation",
     "TprAtFpr",
@@ -76,9 +85,14 @@ class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: The policy values that select each run's strongest attack (:mod:`attacks.strongest`); ``max`` is the old name.
+STRONGEST = ("strongest", "max")
+
+
 def _check_attack(value: str) -> str:
-    if value != "max" and value not in attack_names():
-        raise ValueError(f"attack must be 'max' or one of {', '.join(attack_names())}, got {value!r}")
+    if value not in STRONGEST and value not in attack_names():
+        raise ValueError(f"attack must be 'strongest' (or 'max') or one of {', '.join(attack_names())}, "
+                         f"got {value!r}")
     return value
 
 
@@ -99,7 +113,7 @@ class TprAtFpr(_Rule):
     """The candidate's TPR at ``fpr`` must not exceed the baseline's beyond their confidence intervals."""
 
     rule: Literal["tpr_at_fpr"]
-    attack: str = "max"
+    attack: str = "strongest"
     fpr: float = Field(0.001, gt=0.0, lt=1.0)
     tolerance: float = Field(0.0, ge=0.0, le=1.0)
 
@@ -120,7 +134,7 @@ class MaxAuc(_Rule):
     """The candidate's attack AUC must not exceed ``threshold``."""
 
     rule: Literal["max_auc"]
-    attack: str = "max"
+    attack: str = "strongest"
     threshold: float = Field(gt=0.0, le=1.0)
 
     @field_validator("attack")
@@ -186,17 +200,32 @@ def _need(obj: Any, what: str, run: RunFiles, command: str) -> Any:
     return obj
 
 
-def _pick(attack: AttackFile, name: str, run: RunFiles, score) -> tuple[str, Any]:
-    if name == "max":
-        return max(attack.attacks.items(), key=lambda kv: score(kv[1]))
+def strongest_of(attack: AttackFile) -> str | None:
+    """The run's strongest attack by the one definition (:func:`attacks.strongest.strongest`), as ``audit run``'s
+    summary and the report pick it; None when ``attack.json`` holds no attacks."""
+    return strongest({k: (e.metrics.auc, e.metrics.tpr_at_fpr, e.metrics.n_nonmembers)
+                      for k, e in attack.attacks.items()})
+
+
+def _pick(attack: AttackFile, name: str, run: RunFiles) -> tuple[str, Any]:
+    if name in STRONGEST:
+        best = strongest_of(attack)
+        return best, attack.attacks[best]
     if name not in attack.attacks:
         raise UserError(f"attack '{name}' is not in {run.run_dir / ATTACK_FILE} (it has "
-                        f"{', '.join(attack.attacks) or 'none'}): run it or set attack: max in the policy")
+                        f"{', '.join(attack.attacks) or 'none'}): run it or set attack: strongest in the policy")
     return name, attack.attacks[name]
 
 
-def _nan_low(x: float | None) -> float:
-    return -math.inf if x is None or math.isnan(x) else x
+def _selection(rule: Any) -> dict[str, str]:
+    """How the rule chose its attack, for ``gate.json``."""
+    if rule.attack in STRONGEST:
+        return {"attack_selection": "strongest", "strongest_definition": DEFINITION}
+    return {"attack_selection": "named"}
+
+
+def _attack_label(rule: Any) -> str:
+    return "strongest attack" if rule.attack in STRONGEST else rule.attack
 
 
 def _n_non(run: RunFiles, attack: str) -> int:
@@ -215,7 +244,7 @@ def _tpr_interval(run: RunFiles, rule: TprAtFpr) -> tuple[str, float, float, flo
                             f"{', '.join(entry.metrics.tpr_at_fpr)}): change the policy's fpr or re-run the attack")
         return key
 
-    name, entry = _pick(attack, rule.attack, run, lambda e: _nan_low(e.metrics.tpr_at_fpr[key_of(e)]))
+    name, entry = _pick(attack, rule.attack, run)
     key = key_of(entry)
     tpr = entry.metrics.tpr_at_fpr[key]
     lo, hi = entry.metrics.tpr_at_fpr_ci.get(key) or (tpr, tpr)  # no interval written: the point value
@@ -310,12 +339,12 @@ def _eval_tpr(rule: TprAtFpr, baseline: RunFiles, candidate: RunFiles) -> RuleRe
         return f"{fmt.prob(tpr)} {fmt.ci(lo, hi)} {name}"
 
     return RuleResult(
-        rule=rule.rule, label=f"TPR at {fmt.fpr_label(rule.fpr)} FPR ({rule.attack})",
+        rule=rule.rule, label=f"TPR at {fmt.fpr_label(rule.fpr)} FPR ({_attack_label(rule)})",
         baseline=shown(baseline, bn, bt, blo, bhi), candidate=shown(candidate, cn, ct, clo, chi),
         threshold=f"CI low ≤ {fmt.prob(limit)}", passed=ok, detail=detail,
         values={"fpr": rule.fpr, "tolerance": rule.tolerance,
                 "baseline": {"attack": bn, "tpr": bt, "ci": [blo, bhi]},
-                "candidate": {"attack": cn, "tpr": ct, "ci": [clo, chi]}, "limit": limit})
+                "candidate": {"attack": cn, "tpr": ct, "ci": [clo, chi]}, "limit": limit, **_selection(rule)})
 
 
 def _measured_accuracy(run: RunFiles) -> float:
@@ -346,22 +375,23 @@ def _auc(run: RunFiles, rule: MaxAuc) -> tuple[str, float]:
     attack = _need(run.attack, ATTACK_FILE, run, "audit attack")
     if not attack.attacks:
         raise UserError(f"{run.run_dir / ATTACK_FILE} holds no attacks: re-run 'audit attack {run.run_dir}'")
-    name, entry = _pick(attack, rule.attack, run, lambda e: _nan_low(e.metrics.auc))
+    name, entry = _pick(attack, rule.attack, run)
     return name, entry.metrics.auc
 
 
 def _eval_auc(rule: MaxAuc, baseline: RunFiles, candidate: RunFiles) -> RuleResult:
     cn, c = _auc(candidate, rule)
-    b_text, b = fmt.MISSING, None
+    b_text, b, bn = fmt.MISSING, None, None
     if baseline.attack is not None and baseline.attack.attacks:
         bn, b = _auc(baseline, rule)
         b_text = f"{fmt.prob(b)} {bn}"
     ok = not math.isnan(c) and c <= rule.threshold
     detail = f"candidate AUC {fmt.prob(c)} ({cn}) {'≤' if ok else '>'} threshold {fmt.prob(rule.threshold)}"
-    return RuleResult(rule=rule.rule, label=f"attack AUC ({rule.attack})", baseline=b_text,
+    return RuleResult(rule=rule.rule, label=f"attack AUC ({_attack_label(rule)})", baseline=b_text,
                       candidate=f"{fmt.prob(c)} {cn}", threshold=f"≤ {fmt.prob(rule.threshold)}", passed=ok,
-                      detail=detail, values={"baseline": b, "candidate": c, "candidate_attack": cn,
-                                             "threshold": rule.threshold})
+                      detail=detail, values={"baseline": b, "candidate": c, "baseline_attack": bn,
+                                             "candidate_attack": cn, "threshold": rule.threshold,
+                                             **_selection(rule)})
 
 
 _EVALUATORS = {MaxClaimedEpsilon: _eval_claimed, NoViolation: _eval_violation, TprAtFpr: _eval_tpr,

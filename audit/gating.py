@@ -24,7 +24,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from audit.gate_rules import RULE_MODELS, GatePolicy, RuleResult, evaluate_rule
+from attacks.strongest import DEFINITION
+from audit.gate_rules import RULE_MODELS, GatePolicy, RuleResult, evaluate_rule, strongest_of
 from audit.reporting.inputs import RunFiles, load_run
 from foundation.errors import ConfigError, UserError
 from foundation.evidence import sign_json
@@ -52,6 +53,8 @@ class GateResult:
         baseline, candidate: the run directories compared.
         policy: the policy's name or path.
         notes: remarks that do not change the outcome (e.g. different data pools).
+        strongest_attack: when a rule used each run's strongest attack, the definition
+            (:data:`attacks.strongest.DEFINITION`) and the attack it picked on each run (None: no attack.json).
     """
 
     passed: bool
@@ -62,6 +65,7 @@ class GateResult:
     notes: list[str] = field(default_factory=list)
     identity: dict[str, str] = field(default_factory=dict)
     status: str = ""
+    strongest_attack: dict[str, str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -79,7 +83,8 @@ class GateResult:
         return {"format": GATE_FORMAT, "passed": self.passed, "status": self.status, "exit_code": self.exit_code,
                 "baseline": self.baseline, "candidate": self.candidate, "policy": self.policy,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "rules": [{**asdict(r), "outcome": r.outcome} for r in self.rules], "notes": list(self.notes)}
+                "rules": [{**asdict(r), "outcome": r.outcome} for r in self.rules], "notes": list(self.notes),
+                "strongest_attack": self.strongest_attack}
 
 
 def _policy_error(exc: ValidationError, source: str) -> str:
@@ -109,7 +114,7 @@ def parse_policy(data: Any, *, source: str = "gate policy") -> GatePolicy:
     """Validate a policy mapping; unknown keys and bad values become one-line :class:`ConfigError`.
 
     >>> parse_policy({"rules": [{"rule": "max_auc", "threshold": 0.6}]}).rules[0].attack
-    'max'
+    'strongest'
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source} must be a mapping with a 'rules' list, got {type(data).__name__}")
@@ -188,7 +193,12 @@ def evaluate_gate(*, baseline: str | os.PathLike[str] | RunFiles, candidate: str
                   if r.unverifiable]
     failed = any(not r.passed and not r.unverifiable for r in results)
     status = "FAIL" if failed else ("PASS" if all(r.passed for r in results) else "UNVERIFIABLE")
+    chosen = None
+    if any(r.values.get("attack_selection") == "strongest" for r in results):
+        chosen = {"definition": DEFINITION, **{who: strongest_of(r.attack) if r.attack is not None else None
+                                               for who, r in zip(("baseline", "candidate"), runs)}}
     ident = {f"{who}_{k}": v for who, r in zip(("baseline", "candidate"), runs)
              for k, v in evidence_identity(r.run if r.run is not None else r.manifest).items()}
     return GateResult(passed=status == "PASS", status=status, rules=results, baseline=str(runs[0].run_dir),
-                      candidate=str(runs[1].run_dir), policy=pol_name, notes=notes, identity=ident)
+                      candidate=str(runs[1].run_dir), policy=pol_name, notes=notes, identity=ident,
+                      strongest_attack=chosen)

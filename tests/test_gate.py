@@ -116,6 +116,54 @@ def test_tpr_at_fpr_max_picks_the_strongest_attack(pair) -> None:
     assert _gate(base, cand, {**rule, "attack": "rmia_online"}).passed
 
 
+def test_gate_follows_the_one_strongest_attack_definition(tmp_path: Path, pair) -> None:
+    """Per-rule maxima and the strongest attack disagree: loss has the highest AUC and the highest TPR at 10 % FPR,
+    rmia_online the highest TPR at the reference FPR (1 %: make_run's ~107 non-members do not resolve 0.1 %). The
+    gate, like `audit run`'s summary and the report, uses rmia_online for every rule that says strongest/max."""
+    from attacks.strongest import DEFINITION
+    from audit.pipeline import summarize
+
+    base, cand = pair
+    for run in (base, cand):
+        def mutate(d: dict) -> None:
+            a = d["attacks"]
+            a["loss"]["metrics"]["auc"] = 0.99
+            for name, t01, t10 in (("loss", 0.02, 0.9), ("lira_online", 0.03, 0.2), ("rmia_online", 0.3, 0.4)):
+                m = a[name]["metrics"]
+                m["tpr_at_fpr"]["0.01"], m["tpr_at_fpr_ci"]["0.01"] = t01, [t01 / 2, t01 * 1.5]
+                m["tpr_at_fpr"]["0.1"], m["tpr_at_fpr_ci"]["0.1"] = t10, [t10 - 0.05, t10 + 0.05]
+        update_json(run, "attack.json", mutate)
+    # the old per-rule maximum would have been loss for both rules below; the one definition says rmia_online
+    assert summarize(cand)["strongest_attack"] == "rmia_online"
+    rmia_auc = read_json(cand / "attack.json")["attacks"]["rmia_online"]["metrics"]["auc"]
+    for attack in ("strongest", "max"):
+        auc = _gate(base, cand, {"rule": "max_auc", "attack": attack, "threshold": 0.9})
+        assert auc.passed, auc.rules[0].detail  # rmia_online's AUC (< 0.9) decides, not loss's 0.99
+        v = auc.rules[0].values
+        assert v["candidate_attack"] == v["baseline_attack"] == "rmia_online" and v["candidate"] == rmia_auc
+        assert v["attack_selection"] == "strongest" and v["strongest_definition"] == DEFINITION
+        assert auc.rules[0].label == "attack AUC (strongest attack)"
+        assert auc.strongest_attack == {"definition": DEFINITION, "baseline": "rmia_online",
+                                        "candidate": "rmia_online"}
+    tpr = _gate(base, cand, {"rule": "tpr_at_fpr", "fpr": 0.1})  # default attack: the strongest
+    assert tpr.rules[0].values["candidate"]["attack"] == "rmia_online"
+    assert tpr.rules[0].values["candidate"]["tpr"] == pytest.approx(0.4)
+    # a named attack is used as named (and recorded so)
+    named = _gate(base, cand, {"rule": "max_auc", "attack": "loss", "threshold": 0.9})
+    assert not named.passed and named.rules[0].values["candidate_attack"] == "loss"
+    assert named.rules[0].values["attack_selection"] == "named" and named.strongest_attack is None
+    # the CLI states the definition and gate.json records the choice
+    out = tmp_path / "gate.json"
+    pol = _write_policy(tmp_path, {"rules": [{"rule": "max_auc", "threshold": 0.9}]})
+    res = CliRunner().invoke(main, ["gate", str(base), str(cand), "--policy", str(pol), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"strongest attack ({DEFINITION}): baseline rmia_online, candidate rmia_online" in " ".join(
+        res.output.split())
+    data = read_json(out)
+    assert data["strongest_attack"]["candidate"] == "rmia_online"
+    assert data["rules"][0]["values"]["candidate_attack"] == "rmia_online"
+
+
 def test_tpr_at_fpr_table_never_prints_an_unresolvable_rate(pair) -> None:
     """make_run's pools hold ~100 non-members: TPR at 0.1 % FPR is below 1/N, so the table's cells say so
     (the value stays in gate.json's values for the record)."""
@@ -171,7 +219,7 @@ def test_policy_validation() -> None:
         parse_policy({"budgett": 1, "rules": [{"rule": "no_violation"}]})
     with pytest.raises(ConfigError, match="unknown rule 'max_tpr'"):
         parse_policy({"rules": [{"rule": "max_tpr"}]})
-    with pytest.raises(ConfigError, match="attack must be 'max' or one of"):
+    with pytest.raises(ConfigError, match=r"attack must be 'strongest' \(or 'max'\) or one of"):
         parse_policy({"rules": [{"rule": "max_auc", "attack": "lira", "threshold": 0.6}]})
     with pytest.raises(ConfigError, match="budget"):
         parse_policy({"rules": [{"rule": "max_claimed_epsilon"}]})

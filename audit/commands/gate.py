@@ -38,6 +38,10 @@ def print_gate(result: GateResult, *, file=None) -> None:
     for r in result.rules:
         if not r.passed:
             console.print(f"[red]{r.outcome}[/] {r.rule}: {escape(r.detail)}")
+    if result.strongest_attack is not None:
+        s = result.strongest_attack
+        console.print(escape(f"strongest attack ({s['definition']}): baseline {s['baseline'] or 'none'}, "
+                             f"candidate {s['candidate'] or 'none'}"))
     for note in result.notes:
         console.print(f"note: {note}")
     word = {"PASS": "[bold green]PASSED[/]", "FAIL": "[bold red]FAILED[/]",
