@@ -239,3 +239,61 @@ def test_a_memoriser_claiming_small_epsilon_is_a_violation_from_black_box_eviden
     prov = report.estimates[0].provenance
     assert prov["reference_set_used"] == "sigma0" and prov["commitment"] == secret.commitment
     assert [s["name"] for s in prov["reference_sets"]] == ["claimed", "sigma0"]
+
+
+def test_a_symlinked_canary_references_dir_shipped_with_the_run_is_never_written_through(vendor_run, tmp_path):
+    """Issue 37: a `canary_references` folder received as a symbolic link to a path the vendor chose (holding a
+    planted reference set) is removed, never followed: the auditor trains its own references inside the run
+    directory and the vendor's target is left byte for byte as it was."""
+    import shutil
+
+    from audit.bounds.runner import run_epsilon
+    from foundation.files import CANARY_REFERENCE_DIR
+
+    _, _, paths, run_dir = vendor_run
+    run = tmp_path / "received"
+    shutil.copytree(run_dir, run)
+    target = tmp_path / "vendor_chosen"
+    (target / "claimed-planted").mkdir(parents=True)
+    (target / "claimed-planted" / "index.json").write_text("{}")
+    before = sorted((p.relative_to(target).as_posix(), p.read_bytes() if p.is_file() else b"")
+                    for p in target.rglob("*"))
+    (run / CANARY_REFERENCE_DIR).symlink_to(target, target_is_directory=True)
+    report = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("auditor_canaries",),
+                                                           canaries=str(paths["secret"]), canary_references=2))
+    refs = run / CANARY_REFERENCE_DIR
+    assert not refs.is_symlink() and refs.is_dir()
+    made = sorted(p.name for p in refs.iterdir())
+    assert made and all(name.startswith(("claimed-", "sigma0-")) and name != "claimed-planted" for name in made)
+    assert all((refs / name / "index.json").is_file() for name in made)
+    assert sorted((p.relative_to(target).as_posix(), p.read_bytes() if p.is_file() else b"")
+                  for p in target.rglob("*")) == before  # nothing written there
+    prov = report.estimates[0].provenance
+    assert all(s["trained_now"] == 2 for s in prov["reference_sets"])  # trained afresh, nothing of the vendor's reused
+
+
+def test_a_symlinked_reference_set_inside_canary_references_is_replaced_not_written_through(vendor_run, tmp_path):
+    """The same one level down: the auditor's own `canary_references/` holds a set folder swapped for a link to
+    a vendor path. The set is re-trained into a real folder; the link's target is untouched."""
+    import shutil
+
+    from audit.bounds.runner import run_epsilon
+    from foundation.files import CANARY_REFERENCE_DIR
+
+    _, _, paths, run_dir = vendor_run
+    run = tmp_path / "received"
+    shutil.copytree(run_dir, run)
+    cfg = EpsilonConfig(sources=("auditor_canaries",), canaries=str(paths["secret"]), canary_references=2,
+                        canary_sigma0=False)
+    run_epsilon(run_dir=run, config=cfg)
+    refs = run / CANARY_REFERENCE_DIR
+    (name,) = [p.name for p in refs.iterdir() if p.is_dir()]
+    target = tmp_path / "vendor_chosen"
+    shutil.copytree(refs / name, target)  # a plausible, valid-looking set at the vendor's path
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    shutil.rmtree(refs / name)
+    (refs / name).symlink_to(target, target_is_directory=True)
+    report = run_epsilon(run_dir=run, config=cfg)
+    assert not (refs / name).is_symlink() and (refs / name / "index.json").is_file()
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert report.estimates[0].provenance["reference_sets"][0]["trained_now"] == 2  # not loaded through the link

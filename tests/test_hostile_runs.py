@@ -181,6 +181,11 @@ TAMPERED = [
     ("input-shape-0", _manifest("model.input_shape", [3, 0, 8]), r"model\.input_shape must be \(C, H, W\) with"),
     ("input-shape-bomb", _manifest("model.input_shape", [3, 100000, 100000]), r"1 <= H, W <= 4096, got \[3, 100000"),
     ("param-count-bomb", _manifest("model.param_count", 10**15), r"invalid at 'model\.param_count'"),
+    ("channels-bomb", lambda r: edit_json(r / "manifest.json", lambda m: m["model"].update(
+        arch="small_cnn", kwargs={"channels": [100000, 100000]})),
+     r"model 'small_cnn' with kwargs .* would have .* parameters, more than 1e\+10 .*refusing to allocate it"),
+    ("channels-bomb-mlp", _manifest("model.kwargs", {"hidden": [100000, 100000]}),
+     r"model 'mlp' with kwargs .* would have .* parameters, more than 1e\+10 .*refusing to allocate it"),
     ("sigma-1e308", _manifest("privacy.phases", [{"name": "p", "dp": True, "noise_multiplier": 1e308,
                                                    "sample_rate": 0.1, "steps": 6}]),
      r"privacy\.phases\.0\.noise_multiplier': Input should be less than or equal to 10000"),
