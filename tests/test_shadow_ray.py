@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import builtins
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from fixtures_runs import update_json
 
 from attacks.config import AttackConfig
 from attacks.ray_connect import start_local
@@ -167,9 +168,7 @@ def test_ray_batched_tasks_match_the_batched_executor_and_reruns_skip_finished(l
 
     # re-run: nothing to train; then lose one model and re-run: only that one is trained, the others untouched
     assert prepare_shadows(target=open_run(run), n_models=4, seed=1, executor="ray", device="cpu").trained == 0
-    index_path = run / "shadows" / INDEX_FILE
-    index = json.loads(index_path.read_text())
-    index_path.write_text(json.dumps({**index, "complete": False}))
+    update_json(run / "shadows", INDEX_FILE, lambda index: index.update(complete=False))  # re-signed, as the auditor
     shutil.rmtree(run / "shadows" / "2")
     stamps = {k: (run / "shadows" / str(k) / "model.safetensors").stat().st_mtime_ns for k in (0, 1, 3)}
     again = prepare_shadows(target=open_run(run), n_models=4, seed=1, executor="ray", device="cpu")
