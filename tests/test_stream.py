@@ -294,7 +294,7 @@ def test_attack_on_a_streamed_run_equals_in_memory(tmp_path):
     from attacks.recipe import shadow_recipe
     from attacks.runner import run_attack
     from attacks.shadow_train import resolve_executor
-    from audit.reporting.build import provenance_section
+    from audit.reporting.provenance import provenance_section
     from audit.reporting.images import load_pool_images
     from audit.reporting.inputs import load_run
     from training.run import open_run
