@@ -1,119 +1,25 @@
-"""Tests for `audit epsilon`: evidence sources, the runner's epsilon.json and verdict, and the CLI.
+"""Tests for `audit epsilon`: the pool source, the runner's epsilon.json and verdict, completeness, config and CLI.
 
-Run directories are built here from the manifest schema (no training): a pool whose members are drawn
-Bernoulli(1/2), a ``scores.npz`` as `audit attack` writes it, and, for the white-box source, a tiny MLP whose final
-weights are its initial weights moved against known canary directions.
+Run directories come from tests/epsilon_runs.py (no training). The input- and gradient-canary sources are tested
+in tests/test_epsilon_canary_sources.py, the recorded power statement in tests/test_epsilon_power.py.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
+from epsilon_runs import ESTIMATE_KEYS, TOP_KEYS, VERDICT_KEYS, identity_digest, make_run, read, write_scores
+from fixtures_runs import write_signed
 
-from audit.config import EpsilonConfig
 from audit.bounds.epsilon_file import EPSILON_FORMAT
 from audit.bounds.runner import claim_is_gaussian, epsilon_is_complete, k_grids, run_epsilon
-from audit.bounds.sources import (Evidence, Skipped, finite_scores, gradient_canary_evidence, input_canary_evidence,
-                                   pool_evidence)
-from training.config import TrainConfig, dump_config
-from training.accounting import noise_multiplier_for
+from audit.bounds.sources import Skipped, finite_scores, pool_evidence
+from audit.config import EpsilonConfig
 from foundation.errors import CheckpointError, ConfigError, DataError, UserError
-from foundation.io import (fingerprint_arrays, save_safetensors, sha256_bytes, sha256_file, write_npy, write_npz,
-                         write_text)
-from fixtures_runs import write_signed
-from training.pool import draw_membership
-from training.run import inputs_digest, open_run
-from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo, PhaseInfo, PrivacyInfo, Provenance,
-                                   read_manifest, write_manifest)
-
-TOP_KEYS = ["format", "run", "inputs", "claimed_epsilon", "delta", "alpha", "estimates", "skipped", "verdict", "code",
-            "evidence"]
-ESTIMATE_KEYS = ["method", "source", "epsilon_lb", "alpha", "delta", "counts", "ceiling", "assumptions", "extra"]
-VERDICT_KEYS = ["status", "claimed_epsilon", "claimed_delta", "best_epsilon_lb", "best_method", "best_source",
-                "tightness", "inconclusive_above", "confidence", "max_ceiling", "violating", "notes", "findings"]
-
-
-def make_run(run_dir: Path, *, pool: int = 600, epsilon: float | None = 1.0, delta: float = 1e-5, p: float = 0.5,
-             scheme: str = "bernoulli", sample_rate: float = 0.1, canaries: int = 0, seed: int = 0,
-             weights: dict | None = None, config: TrainConfig | None = None, model: ModelInfo | None = None,
-             fingerprint: str | None = None, training: dict | None = None) -> Path:
-    """A schema-valid run directory (weights are a placeholder file unless ``weights`` is given)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    membership = rng.random(pool) < p if scheme == "bernoulli" else np.ones(pool, dtype=bool)
-    drawn = scheme == "bernoulli" and 0 < p < 1
-    if drawn:  # the draw the manifest records, canaries included (the reader draws it again)
-        membership = draw_membership(pool, p=p, seed=seed)
-    if canaries:
-        inclusion = rng.random(canaries) < 0.5
-        if not drawn:
-            membership[pool - canaries:] = inclusion
-    write_npy(run_dir / "membership.npy", membership)
-    if weights is None:
-        write_text(run_dir / "model.safetensors", "placeholder weights")
-    else:
-        save_safetensors(run_dir / "model.safetensors", weights)
-    config_sha = None
-    if config is not None:
-        text = dump_config(config)
-        write_text(run_dir / "config.yaml", text)
-        config_sha = sha256_bytes(text.encode("utf-8"))
-    dp = epsilon is not None
-    steps = 100 if epsilon != 0 else 0  # ε = 0 follows only from no step at all
-    sigma = (noise_multiplier_for(target_epsilon=epsilon, sample_rate=sample_rate, steps=steps, delta=delta,
-                                  accountant="rdp") if steps else 1.0) if dp else None  # the claim follows
-    phase = PhaseInfo(name="private" if dp else "non-private", dp=dp, noise_multiplier=sigma,
-                      sample_rate=sample_rate, steps=steps, epsilon=epsilon)
-    x = np.zeros((pool, 8, 8, 3), dtype=np.uint8)
-    model = model or ModelInfo(arch="mlp", num_classes=10, input_shape=(3, 8, 8), param_count=1,
-                               trainable_param_count=1, weights_sha256="")
-    manifest = Manifest(
-        run_name=run_dir.name,
-        model=model.model_copy(update={"weights_sha256": sha256_file(run_dir / "model.safetensors")}),
-        data=DataInfo(dataset=config.data.dataset if config is not None else "synthetic",
-                      split=config.data.split if config is not None else "train", pool_size=pool,
-                      pool_fingerprint=fingerprint or fingerprint_arrays(x, np.zeros(pool, dtype=np.int64)),
-                      membership_sha256=sha256_file(run_dir / "membership.npy"),
-                      membership=MembershipInfo(scheme=scheme, p=p if scheme == "bernoulli" else None, seed=seed,
-                                                n_members=int(membership.sum()), n_pool=pool),
-                      canaries={"kind": "ood", "count": canaries, "seed": 0, "first_index": pool - canaries}
-                      if canaries else None),
-        privacy=PrivacyInfo(dp=dp, delta=delta if dp else None, accountant="rdp" if dp else None, epsilon=epsilon,
-                            phases=[phase]),
-        training=training or {},
-        provenance=Provenance(package_version="0", seed=seed, config_sha256=config_sha,
-                              created="2025-01-01T00:00:00+00:00"),
-    )
-    write_manifest(run_dir, manifest)
-    return run_dir
-
-
-def write_scores(run_dir: Path, *, signal: float, seed: int = 1, attacks=("lira_online", "loss"),
-                 index: np.ndarray | None = None, flip_membership: bool = False) -> np.ndarray:
-    """scores.npz over ``index`` (default: the whole pool): members shifted up by ``signal`` standard deviations."""
-    membership = np.load(run_dir / "membership.npy")
-    index = np.arange(membership.size) if index is None else index
-    mem = membership[index]
-    rng = np.random.default_rng(seed)
-    arrays = {f"score_{a}": rng.normal(size=index.size) + signal * mem for a in attacks}
-    recorded = ~mem if flip_membership else mem
-    write_signed(run_dir, "scores.npz", pool_index=index, membership=recorded, labels=np.zeros(index.size),
-                 inputs_digest=np.array(identity_digest(run_dir)), **arrays)
-    return mem
-
-
-def identity_digest(run_dir: Path) -> str:
-    """What ``audit attack`` records in ``scores.npz``: the run's identity digest."""
-    return inputs_digest(open_run(run_dir, verify=False))
-
-
-def read(run_dir: Path) -> dict:
-    return json.loads((run_dir / "epsilon.json").read_text())
+from foundation.io import sha256_file, write_text
+from training.run import open_run
+from training.run.manifest import read_manifest, write_manifest
 
 
 # ----------------------------------------------------------------------------------------------- pool source
@@ -254,130 +160,6 @@ def test_non_dp_run_gets_no_claim_and_a_default_delta(tmp_path):
     assert data["verdict"]["tightness"] is None and report.verdict.best_epsilon_lb > 1.0
     assert any("no δ" in note for note in data["verdict"]["notes"])
 
-
-# ------------------------------------------------------------------------------------------- input canaries
-
-
-def test_input_canaries_come_from_scores_npz_and_leave_the_pool(tmp_path):
-    run = make_run(tmp_path / "r", pool=500, canaries=100, scheme="all")
-    write_scores(run, signal=5.0)
-    opened = open_run(run, verify=False)
-    mem = opened.membership
-    ev = input_canary_evidence(run=opened, attack="lira_online")
-    assert isinstance(ev, Evidence) and ev.m == 100 and ev.black_box
-    assert np.array_equal(ev.included, mem[400:]) and ev.provenance["first_index"] == 400
-    # scheme 'all': the real pool is all members, so the pool source does not apply
-    assert isinstance(pool_evidence(run=opened, attack="lira_online"), Skipped)
-    report = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool", "input_canaries")))
-    assert [e.source for e in report.estimates] == ["input_canaries", "input_canaries"]
-    assert report.verdict.status == "VIOLATION"
-
-
-def test_input_canaries_without_scores_use_the_target_models_scaled_logit(tmp_path):
-    from attacks.signals import compute_signals
-    from training.models import build_model
-    from training.pool import build_pool
-
-    cfg = TrainConfig.model_validate({"name": "ic", "data": {"dataset": "digits", "pool_size": 40},
-                                      "model": {"arch": "mlp", "kwargs": {"hidden": [8]}},
-                                      "training": {"steps": 1, "canaries": {"count": 24, "kind": "ood"}}})
-    pool = build_pool(cfg)
-    torch.manual_seed(0)
-    net = build_model(cfg.model, num_classes=10, input_shape=(3, 8, 8)).module.eval()
-    info = ModelInfo(arch="mlp", kwargs={"hidden": [8]}, num_classes=10, input_shape=(3, 8, 8), param_count=1,
-                     trainable_param_count=1, weights_sha256="")
-    run = make_run(tmp_path / "ic", pool=64, canaries=24, scheme="all", weights=net.state_dict(), config=cfg,
-                   model=info, fingerprint=pool.images.fingerprint())
-    ev = input_canary_evidence(run=open_run(run, verify=False), attack="lira_online")
-    expected = compute_signals(net, pool.images.x[40:].copy(), pool.images.y[40:].copy())[:, 0]
-    assert ev.m == 24 and np.allclose(ev.scores, expected, atol=1e-6) and ev.provenance["attack"] == "loss"
-    other = make_run(tmp_path / "other", pool=64, canaries=24, scheme="all", weights=net.state_dict(), config=cfg,
-                     model=info)
-    with pytest.raises(CheckpointError, match="fingerprint"):
-        input_canary_evidence(run=open_run(other, verify=False), attack="lira_online")
-
-
-def test_pool_source_excludes_input_canaries(tmp_path):
-    run = make_run(tmp_path / "r", pool=500, canaries=100)
-    write_scores(run, signal=1.0)
-    ev = pool_evidence(run=open_run(run, verify=False), attack="lira_online")
-    assert ev.m == 400
-
-
-# ------------------------------------------------------------------------------------------ gradient canaries
-
-
-def _white_box_run(tmp_path: Path, *, signal: float, count: int = 300, noise: float = 1.0) -> Path:
-    """A run whose final weights are θ_0 moved against the included canaries' directions (plus noise), with the
-    manifest's gradient-canary record written as the trainer writes it. The head is 'frozen': not in the record."""
-    from training.dp.canaries import GradientCanaries, trainable_shapes
-    from training.models import build_model
-    from training.pool import draw_membership
-
-    cfg = TrainConfig.model_validate({"name": "wb", "model": {"arch": "mlp", "kwargs": {"hidden": [64]}},
-                                      "privacy": {"target_epsilon": 1.0, "accountant": "rdp"},
-                                      "training": {"steps": 100, "batch_size": 60}})  # as make_run's claim says
-    torch.manual_seed(0)
-    net = build_model(cfg.model, num_classes=10, input_shape=(3, 8, 8)).module
-    init = {k: v.clone() for k, v in net.state_dict().items()}
-    shapes = {k: v for k, v in trainable_shapes(net).items() if ".head." not in k}
-    canaries = GradientCanaries(param_shapes=shapes, count=count, seed=3, included=draw_membership(count, p=0.5, seed=3))
-    assert canaries.dim > 10 * count  # near-orthogonal directions
-    step = sum(canaries.direction(i).astype(np.float64) for i in np.flatnonzero(canaries.included))
-    rng = np.random.default_rng(0)
-    move = -signal * step + noise * rng.normal(size=canaries.dim)  # descent: against the added gradient
-    final, offset = {k: v.clone() for k, v in init.items()}, 0
-    for name in shapes:
-        size = init[name].numel()
-        final[name] = init[name] + torch.from_numpy(move[offset:offset + size]).float().view_as(init[name])
-        offset += size
-    run = tmp_path / "wb"
-    run.mkdir()
-    init_file = save_safetensors(run / "model_init.safetensors", init)
-    inc_file = write_npy(run / "gradient_canaries.npy", canaries.included)
-    record = {"count": count, "seed": 3, "included_file": inc_file.name, "included_sha256": sha256_file(inc_file),
-              "n_included": int(canaries.included.sum()), "sample_rate": 1.0, "steps": 1,
-              "param_names": list(shapes), "init_weights": init_file.name,
-              "init_weights_sha256": sha256_file(init_file)}
-    info = ModelInfo(arch="mlp", kwargs={"hidden": [64]}, num_classes=10, input_shape=(3, 8, 8), param_count=1,
-                     trainable_param_count=1, weights_sha256="")
-    return make_run(run, epsilon=1.0, scheme="all", weights=final, config=cfg, model=info,
-                    training={"gradient_canaries": record})
-
-
-def test_gradient_canaries_separate_members_with_the_engine_sign(tmp_path):
-    run = _white_box_run(tmp_path, signal=10.0)
-    ev = gradient_canary_evidence(run=open_run(run, verify=False))
-    assert isinstance(ev, Evidence) and not ev.black_box and ev.m == 300
-    assert ev.provenance["dim"] == 192 * 64 + 64  # the frozen head is not spanned
-    assert ev.scores[ev.included].min() > ev.scores[~ev.included].max()  # higher = member
-    report = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("gradient_canaries",)))
-    assert report.verdict.status == "VIOLATION" and report.verdict.best_source == "gradient_canaries"
-    assert read(run)["estimates"][0]["extra"]["evidence"]["dim"] == ev.provenance["dim"]
-
-
-def test_gradient_canaries_without_signal_are_consistent(tmp_path):
-    run = _white_box_run(tmp_path, signal=0.0)
-    report = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("gradient_canaries",)))
-    assert report.verdict.status == "CONSISTENT" and report.verdict.best_epsilon_lb < 1.0
-
-
-def test_gradient_canaries_refuse_files_that_do_not_match_the_record(tmp_path):
-    run = _white_box_run(tmp_path, signal=5.0)
-    mask = np.load(run / "gradient_canaries.npy")
-    write_npy(run / "gradient_canaries.npy", ~mask)
-    with pytest.raises(CheckpointError, match="gradient_canaries.npy does not match the sha256"):
-        gradient_canary_evidence(run=open_run(run, verify=False))
-    write_npy(run / "gradient_canaries.npy", mask)
-    (run / "model_init.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="model_init.safetensors named in the manifest"):
-        run_epsilon(run_dir=run, config=EpsilonConfig(sources=("gradient_canaries",)))
-
-
-def test_gradient_canaries_are_skipped_for_runs_without_a_record(tmp_path):
-    run = make_run(tmp_path / "imported")
-    ev = gradient_canary_evidence(run=open_run(run, verify=False))
-    assert isinstance(ev, Skipped) and "records no gradient canaries" in ev.reason
 
 
 # ------------------------------------------------------------------------------------ completeness, config, CLI

@@ -151,24 +151,33 @@ def test_cli_states_the_power_and_sizes_the_kit(tmp_path) -> None:
     assert res.exit_code == 0 and "power: claim ε = 8: cannot be refuted by 100 canaries" in res.output
 
 
-def test_audit_epsilon_states_the_power_of_each_deciding_one_run_bound() -> None:
+def test_the_epsilon_plan_states_the_power_of_each_deciding_one_run_bound() -> None:
+    """plan_power (what epsilon.json records under 'power' and audit epsilon prints): one statement per deciding
+    one_run bound, at its own m, level and guess grid; none for a bound that does not decide or for no claim;
+    a source over POWER_MAX_M examples is recorded as not computed."""
     from types import SimpleNamespace
 
-    from audit.bounds.estimate import EpsilonEstimate
-    from audit.commands.epsilon import _power_lines
+    from audit.bounds.power_record import POWER_MAX_M, plan_power
 
-    def sourced(source: str, method: str, m: int, in_verdict: bool = True) -> SimpleNamespace:
-        est = EpsilonEstimate(method=method, epsilon_lb=0.1, alpha=0.025, delta=1e-5, counts={"m": m, "r": 10, "v": 6},
-                              ceiling=3.0, extra={"k_pos_grid": (10, 50), "k_neg_grid": (0,)})
-        return SimpleNamespace(source=source, estimate=est, in_verdict=in_verdict)
+    def ev(source: str, m: int) -> SimpleNamespace:
+        return SimpleNamespace(source=source, m=m)
 
-    report = SimpleNamespace(claimed_epsilon=1.0, delta=1e-5, estimates=[
-        sourced("auditor_canaries", "one_run", 300), sourced("auditor_canaries", "one_run_fdp", 300, False),
-        sourced("pool", "one_run", 50_000)])
-    lines = _power_lines(report)
-    expect = kit_power(m=300, claim=1.0, delta=1e-5, alpha=0.025, grid=((10, 50), (0,)))
-    assert lines == [f"power of auditor_canaries (m = 300; what it could detect, whatever it found): "
-                     f"{expect.summary()}"]
-    # the grid it was given is the one used: guessing IN only with k <= 50 of 300 detects less than the default grid
-    assert expect.epsilon_detectable > kit_power(m=300, claim=1.0, delta=1e-5, alpha=0.025).epsilon_detectable
-    assert _power_lines(SimpleNamespace(claimed_epsilon=float("inf"), delta=1e-5, estimates=report.estimates)) == []
+    plans = [(ev("auditor_canaries", 300), [("one_run", True), ("one_run_fdp", False)]),
+             (ev("input_canaries", 300), [("one_run_fdp", True)]),  # no deciding one_run bound: no statement
+             (ev("pool", POWER_MAX_M + 1), [("one_run", True), ("clopper_pearson", False)])]
+    entries = plan_power(plans=plans, claimed_epsilon=1.0, delta=1e-5, alpha_deciding=0.025, points=2,
+                         guesses="in")
+    expect = kit_power(m=300, claim=1.0, delta=1e-5, alpha=0.025, points=2, guesses="in")
+    assert [e.source for e in entries] == ["auditor_canaries", "pool"]
+    first, pool = entries
+    assert first.computed and (first.m, first.alpha, first.delta, first.power) == (300, 0.025, 1e-5, 0.5)
+    assert first.epsilon_detectable == pytest.approx(expect.epsilon_detectable)
+    assert first.accuracy_needed == pytest.approx(expect.accuracy_needed) and first.guesses == expect.guesses
+    assert first.statement == ("power of auditor_canaries (m = 300; what it could detect, whatever it found): "
+                               f"{expect.summary()}")
+    # the grid it was given is the one used: guessing IN only with 2 points detects less than the default grid
+    assert first.epsilon_detectable > kit_power(m=300, claim=1.0, delta=1e-5, alpha=0.025).epsilon_detectable
+    assert not pool.computed and pool.epsilon_detectable is None and "not computed" in pool.statement
+    for claim in (float("inf"), 0.0):
+        assert plan_power(plans=plans, claimed_epsilon=claim, delta=1e-5, alpha_deciding=0.025, points=2,
+                          guesses="in") == ()

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from audit.bounds.power_record import PowerEntry
 from audit.bounds.verdict import Verdict
 from foundation.result_json import CodeRecord, Real, ResultModel, read_named, write_result
 from foundation.files import EPSILON_FILE
@@ -72,6 +73,7 @@ class EpsilonFile(ResultModel):
     alpha: Real
     estimates: tuple[EstimateEntry, ...]
     skipped: tuple[SkippedEntry, ...]
+    power: tuple[PowerEntry, ...] = ()  # what each deciding one-run bound could detect (absent: older file)
     verdict: Verdict
     code: CodeRecord | None = None  # which code the run named and whether it was trusted (absent: older file)
 

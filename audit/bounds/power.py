@@ -78,7 +78,7 @@ class KitPower:
         head = f"claim ε = {self.claim:g}: "
         if self.epsilon_detectable is None:
             text = (head + f"cannot be refuted by {self.m} canaries at α = {self.alpha:g} (the most the audit can "
-                    f"show is ε_lb {self.ceiling:.3f}); use more canaries (--for-claim {self.claim:g})")
+                    f"show is ε_lb {self.ceiling:.3f}); use more canaries ('audit canaries make --claim {self.claim:g}' sizes a kit for it)")
         else:
             text = (head + f"refuted with probability >= {self.power:g} when the model's true ε >= "
                     f"{self.epsilon_detectable:.3f} ({self.epsilon_detectable / self.claim:.2f}x the claim: each canary's "

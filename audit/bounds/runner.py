@@ -40,6 +40,7 @@ from audit.bounds.gdp import epsilon_from_scores_gdp
 from audit.bounds.multi_run_source import multi_run_evidence
 from audit.bounds.one_run import epsilon_one_run_from_scores
 from audit.bounds.one_run_fdp import epsilon_one_run_fdp_from_scores
+from audit.bounds.power_record import PowerEntry, plan_power
 from audit.bounds.sources import (ZERO_UPDATE, Evidence, Skipped, gradient_canary_evidence,
                                    input_canary_evidence, pool_evidence)
 from audit.bounds.thresholds import HeldOut
@@ -97,13 +98,14 @@ class EpsilonReport:
     verdict: Verdict
     path: Path | None = None
     code: CodeTrust | None = None
+    power: tuple[PowerEntry, ...] = ()
 
     def to_file(self) -> EpsilonFile:
         """The ``epsilon.json`` content (:class:`~audit.bounds.epsilon_file.EpsilonFile`)."""
         return EpsilonFile(run=self.run, inputs=dict(self.inputs), claimed_epsilon=self.claimed_epsilon,
                            delta=self.delta, alpha=self.alpha, estimates=tuple(e.to_entry() for e in self.estimates),
                            skipped=tuple(SkippedEntry(source=s.source, reason=s.reason) for s in self.skipped),
-                           verdict=self.verdict,
+                           power=self.power, verdict=self.verdict,
                            code=None if self.code is None else CodeRecord.from_data(self.code.to_dict()))
 
 
@@ -314,6 +316,8 @@ def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool,
     plans = [(ev, _plan(ev, delta=delta, config=config, gaussian=gaussian)) for ev in evidence]
     n_deciding = sum(d for _, plan in plans for _, d in plan)
     a_deciding = config.alpha / n_deciding if (config.split_alpha and n_deciding) else config.alpha
+    power = plan_power(plans=plans, claimed_epsilon=claim, delta=delta, alpha_deciding=a_deciding,
+                       points=config.k_grid_points, guesses=config.guesses)  # fixed before any score is read
     estimates = tuple(
         SourcedEstimate(source=ev.source, in_verdict=deciding, provenance=dict(ev.provenance),
                         estimate=_estimate(method, ev, delta=delta, alpha=a_deciding if deciding else config.alpha,
@@ -331,7 +335,8 @@ def _run_epsilon(*, run: VerifiedRun, config: EpsilonConfig, write: bool,
         claimed_epsilon=claim, delta=delta, alpha=config.alpha, estimates=estimates, skipped=tuple(skipped),
         verdict=with_claim_findings(judge_estimates(claimed_epsilon=claim, delta=delta, estimates=estimates,
                                                     notes=notes),
-                                    (*_claim_findings(run), *_evidence_findings(skipped))), code=run.code)
+                                    (*_claim_findings(run), *_evidence_findings(skipped))), code=run.code,
+        power=power)
     if write:
         path = write_epsilon_file(run_dir, report.to_file(), identity=evidence_identity(run))
         report = dataclasses.replace(report, path=path)

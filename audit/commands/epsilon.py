@@ -18,29 +18,6 @@ def _counts(counts: dict) -> str:
     return f"fp={counts.get('fp')}/{counts.get('n_neg')} fn={counts.get('fn')}/{counts.get('n_pos')}"
 
 
-_POWER_MAX_M = 20_000  # the power of larger (pool) sources takes long to compute and is not stated
-
-
-def _power_lines(report) -> list[str]:
-    """For each deciding one-run estimate: which violations of the claim it could have detected (power.py)."""
-    from audit.bounds.power import kit_power
-
-    claim = report.claimed_epsilon
-    if claim is None or not math.isfinite(claim) or claim <= 0:
-        return []
-    lines = []
-    for e in report.estimates:
-        est = e.estimate
-        m = dict(est.counts).get("m")
-        extra = dict(est.extra or {})
-        if not e.in_verdict or est.method != "one_run" or m is None or m > _POWER_MAX_M or m < 2:
-            continue
-        grid = (extra["k_pos_grid"], extra["k_neg_grid"]) if "k_pos_grid" in extra else None
-        p = kit_power(m=int(m), claim=float(claim), delta=report.delta, alpha=est.alpha, grid=grid)
-        lines.append(f"power of {e.source} (m = {m}; what it could detect, whatever it found): {p.summary()}")
-    return lines
-
-
 @click.command(name="epsilon")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--alpha", type=float, default=None, help="1 - confidence of the verdict (default 0.05)")
@@ -86,8 +63,8 @@ def command(run_dir: str, alpha: float | None, sources: str | None, attack: str 
     print_table(table, console=console)
     for s in report.skipped:
         console.print(f"skipped {s.source}: {s.reason}")
-    for text in _power_lines(report):
-        click.echo(text)
+    for entry in report.power:  # stated from m, α and the grid before the scores were read; in epsilon.json
+        click.echo(entry.statement)
     v = report.verdict
     best = (f"best ε_lb = {v.best_epsilon_lb:.3f} ({v.best_source}/{v.best_method})" if v.best_method
             else "no bound")

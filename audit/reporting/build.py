@@ -31,6 +31,7 @@ from audit.reporting.model import (
     Glance,
     MechanismRow,
     PhaseRow,
+    PowerRow,
     Report,
     ThreatModel,
     TransferRow,
@@ -197,7 +198,10 @@ def epsilon_section(run: RunFiles, commands: dict[str, str]) -> EpsilonSection:
     return EpsilonSection(ran=True, command=commands["epsilon"], claimed_epsilon=claimed, delta=e.delta,
                           alpha=e.alpha, rows=rows, status=str(v.status), best_epsilon_lb=v.best_epsilon_lb,
                           best_method=v.best_method, tightness=v.tightness,
-                          inconclusive_above=v.inconclusive_above, notes=list(v.notes), mechanism=mechanism_row(run))
+                          inconclusive_above=v.inconclusive_above, notes=list(v.notes), mechanism=mechanism_row(run),
+                          power=[PowerRow(source=p.source, m=p.m, alpha=p.alpha, computed=p.computed, ceiling=p.ceiling,
+                                          epsilon_detectable=p.epsilon_detectable, accuracy_needed=p.accuracy_needed,
+                                          statement=p.statement) for p in e.power])
 
 
 def membership_text(data: Any) -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "Vulnerable",
     "AttacksSection",
     "EstimateRow",
+    "PowerRow",
     "MechanismRow",
     "EpsilonSection",
     "TransferRow",
@@ -156,6 +157,20 @@ class EstimateRow:
 
 
 @_frozen
+class PowerRow:
+    """What one deciding one-run bound could detect, stated before its scores were read (``epsilon.json`` power)."""
+
+    source: str
+    m: int
+    alpha: float
+    computed: bool
+    epsilon_detectable: float | None
+    accuracy_needed: float | None
+    ceiling: float | None
+    statement: str
+
+
+@_frozen
 class MechanismRow:
     """The tight audit of the DP-SGD mechanism (``mechanism.json``, ``audit mechanism``)."""
 
@@ -185,6 +200,7 @@ class EpsilonSection:
     inconclusive_above: float | None
     notes: list[str]
     mechanism: MechanismRow | None = None
+    power: list[PowerRow] = field(default_factory=list)
 
 
 @_frozen
