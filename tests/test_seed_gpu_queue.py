@@ -88,7 +88,8 @@ def test_jobs_that_can_never_start_end_the_queue(monkeypatch, tmp_path, capsys):
 def test_the_fine_tuning_variants_queue_behind_their_source(monkeypatch, tmp_path):
     monkeypatch.setattr(queue, "ROOT", tmp_path)  # no run has finished under this root
     todo = queue.jobs([], True, scale="gpu_full", configs=("finetune",))
-    assert queue._label(todo[0]) == "finetune_source" and len(todo) == 1 + 5 * 2 * 5  # 5 seeds × 2 ε × 5 ways
+    # 5 seeds × (2 ε × 5 ways + the non-DP LP and FFT references)
+    assert queue._label(todo[0]) == "finetune_source" and len(todo) == 1 + 5 * (2 * 5 + 2)
     assert queue.ready(todo[0]) and not any(queue.ready(j) for j in todo[1:])
     assert [j[2] for j in todo[1:6]] == ["lp-e1-s0", "fft-e1-s0", "lpfft25-e1-s0", "lpfft50-e1-s0", "lpfft75-e1-s0"]
     source = tmp_path / "results/experiments-gpu-full/ft-source"

@@ -9,6 +9,9 @@
   on held-out data;
 * ``ganesh`` (:func:`~experiments.arms.ganesh.ganesh_arm`): Ganesh et al. 2023 — public pre-training budget sweep
   and loss barriers between DP runs from one public init vs from random inits;
+* ``membership`` (:func:`~experiments.arms.membership.membership_arm`): Bu et al. 2024 — the continual arm's
+  trainings attacked with the suite's strongest attacks (LiRA, RMIA; each of many models the target in turn, the
+  others its references), TPR at 1 % and 0.1 % FPR;
 * ``vit`` (:func:`~experiments.arms.vit.vit_arm`): the representation law — a 12-block ViT pre-trained on public
   images, DP fine-tuned at ε ∈ {1, 3, 8, ∞}, untuned vs tuned by a public-data learning-rate search, per-block
   separation fuzziness and prediction residual with their geometric fits.
@@ -18,7 +21,7 @@ Each returns a JSON-able dict with ``per_seed`` lists; :mod:`experiments.arms.ru
 into independent parts (a GPU queue runs one job each; joined, they are the arm run whole).
 
 >>> sorted(ARMS)
-['continual', 'ganesh', 'ke', 'trace', 'vit']
+['continual', 'ganesh', 'ke', 'membership', 'trace', 'vit']
 >>> SPLITS["continual"].parts(ArmScale(name="x"))
 ['nondp', 'clip_only', 'scratch', 'continual', 'plateau']
 """
@@ -31,11 +34,14 @@ from experiments.arms.bu import continual_arm, trace_arm
 from experiments.arms.common import CONTINUAL_ARMS, TRACE_RUNS, ArmScale, chosen_parts
 from experiments.arms.ganesh import ganesh_arm, ganesh_parts
 from experiments.arms.ke import ke_arm, ke_parts
+from experiments.arms.membership import MEMBERSHIP_FAMILIES, membership_arm
 from experiments.arms.vit import eps_tag, vit_arm
 
-__all__ = ["ARMS", "SPLITS", "Split", "ArmScale", "continual_arm", "trace_arm", "ke_arm", "ganesh_arm", "vit_arm"]
+__all__ = ["ARMS", "SPLITS", "Split", "ArmScale", "continual_arm", "trace_arm", "ke_arm", "ganesh_arm", "vit_arm",
+           "membership_arm"]
 
-ARMS = {"continual": continual_arm, "trace": trace_arm, "ke": ke_arm, "ganesh": ganesh_arm, "vit": vit_arm}
+ARMS = {"continual": continual_arm, "trace": trace_arm, "ke": ke_arm, "ganesh": ganesh_arm, "vit": vit_arm,
+        "membership": membership_arm}
 
 
 @dataclass(frozen=True)
@@ -67,4 +73,6 @@ SPLITS = {
                                      "same_random": "barrier_same_random",
                                      "nondp": "nondp_public0_acc"}.get(p, f"{p}_acc")),
     "ke": Split("ke_parts", lambda s: chosen_parts(s, "ke_parts", ke_parts(s))),
+    # one part per training (family) of the membership arm: its models are all of the part's (not one per seed)
+    "membership": Split("continual_arms", lambda s: chosen_parts(s, "continual_arms", MEMBERSHIP_FAMILIES)),
 }

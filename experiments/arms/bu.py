@@ -24,7 +24,8 @@ import torch
 from experiments.arms.common import (CONTINUAL_ARMS, TRACE_RUNS, ArmScale, TraceLogger, build, chosen_parts,
                                     load_arm_data, per_seed, phase, sigma_for, test_acc, train, train_dynamic)
 
-__all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run", "CONTINUAL_ARMS", "TRACE_RUNS"]
+__all__ = ["continual_arm", "trace_arm", "membership_metrics", "plateau_switch_run", "continual_phases", "member_half",
+           "FIXED_ARMS", "CONTINUAL_ARMS", "TRACE_RUNS"]
 
 
 def membership_metrics(model: torch.nn.Module, images, members: np.ndarray, *, device="cpu", seed: int = 0
@@ -84,6 +85,41 @@ def plateau_switch_run(model, data, scale: ArmScale, *, members: np.ndarray, see
     return trained, int(done[0]["steps"]), str(done[0].get("reason") or "max_public_steps")
 
 
+#: the continual arm's trainings with a fixed schedule (:func:`continual_phases`); the plateau rule's switch is
+#: decided as it runs
+FIXED_ARMS = ("nondp", "clip_only", "scratch", "continual")
+
+
+def member_half(n: int, seed: int) -> np.ndarray:
+    """The bool mask of the member half of ``n`` private rows for ``seed`` (exactly ``n // 2``: every seed has the
+    same q, and so the same σ)."""
+    members = np.zeros(n, dtype=bool)
+    members[np.random.default_rng([seed, 0x4D49]).permutation(n)[: n // 2]] = True
+    return members
+
+
+def continual_phases(name: str, scale: ArmScale, data, *, members: np.ndarray, seed: int) -> list:
+    """The phases of one of :data:`FIXED_ARMS` on the private rows ``members``: ``nondp`` (non-DP), ``clip_only``
+    (DP-SGD with σ = 0), ``scratch`` (DP for ``scale.steps``), ``continual`` (``scale.switch`` public non-DP steps,
+    then DP for the rest); the DP phases' σ by ``scale.accountant`` for their own steps at ``scale.epsilon``."""
+    n, t = len(members), scale.steps
+
+    def priv(steps: int, sigma: float | None, index: int = 0):
+        return phase("private", data.private, scale=scale, steps=steps, sigma=sigma, members=members, seed=seed,
+                     index=index)
+
+    if name == "nondp":
+        return [priv(t, None)]
+    if name == "clip_only":
+        return [priv(t, 0.0)]
+    if name == "scratch":
+        return [priv(t, sigma_for(scale, n=n, steps=t))]
+    if name == "continual":
+        return [phase("public", data.public, scale=scale, steps=scale.switch, sigma=None, seed=seed, index=0),
+                priv(t - scale.switch, sigma_for(scale, n=n, steps=t - scale.switch), 1)]
+    raise ValueError(f"not a fixed training of the continual arm: {name!r}; one of {', '.join(FIXED_ARMS)}")
+
+
 def continual_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Per seed: test accuracy and membership-inference metrics of the five arms (see the module docstring)."""
     chosen = chosen_parts(scale, "continual_arms", CONTINUAL_ARMS)
@@ -93,25 +129,13 @@ def continual_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] |
     n_priv = len(data.private)
 
     def one(seed: int) -> dict[str, Any]:
-        members = np.zeros(n_priv, dtype=bool)  # exactly half, so every seed has the same q (and σ)
-        members[np.random.default_rng([seed, 0x4D49]).permutation(n_priv)[: n_priv // 2]] = True
+        members = member_half(n_priv, seed)  # exactly half, so every seed has the same q (and σ)
         idx = np.flatnonzero(members)
         n = len(idx)
         t = scale.steps
         out: dict[str, Any] = {}
-
-        def priv(steps: int, sigma: float | None, index: int = 0):
-            return phase("private", data.private, scale=scale, steps=steps, sigma=sigma, members=idx, seed=seed,
-                         index=index)
-
-        arms = {
-            "nondp": [priv(t, None)],
-            "clip_only": [priv(t, 0.0)],
-            "scratch": [priv(t, sigma_for(scale, n=n, steps=t))],
-            "continual": [phase("public", data.public, scale=scale, steps=scale.switch, sigma=None, seed=seed,
-                                index=0), priv(t - scale.switch, sigma_for(scale, n=n, steps=t - scale.switch), 1)],
-        }
-        for name, phases in ((k, v) for k, v in arms.items() if k in chosen):
+        for name in (k for k in FIXED_ARMS if k in chosen):
+            phases = continual_phases(name, scale, data, members=idx, seed=seed)
             model = train(build(scale, data, seed=seed, device=device), phases, seed=seed, device=device)
             out[f"{name}_acc"] = test_acc(model, data.test, device)
             out.update({f"{name}_{k}": v for k, v in membership_metrics(model, data.private, members, device=device,

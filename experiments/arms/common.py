@@ -75,7 +75,8 @@ class ArmScale:
     ``ke_parts`` the Ke et al. arm's runs (:func:`experiments.arms.ke.ke_parts`; None: all). ``ke_source`` is the
     Ke et al. arm's pre-trained source model: ``arch`` (``scale.arch`` trained non-DP for ``source_steps`` on the
     public images) or ``vit`` (the ViT arm's public pre-training, :func:`experiments.arms.vit.pretrained_vit`, seed 0,
-    fine-tuned at ``vit_lr``).
+    fine-tuned at ``vit_lr``). ``membership_models`` is how many models of each training the membership arm trains
+    (:func:`experiments.arms.membership.membership_arm`: each is a target, the others its references).
     """
 
     name: str
@@ -133,6 +134,7 @@ class ArmScale:
     trace_runs: tuple[str, ...] = TRACE_RUNS
     ke_parts: tuple[str, ...] | None = None
     ke_source: str = "arch"
+    membership_models: int = 16
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -341,6 +343,6 @@ AFTER_FIT_FIELDS = ("name", "downstream", "downstream_root", "downstream_private
                     "steps", "switch", "public_steps", "epsilon", "delta", "clip", "hessian_probes", "hessian_every",
                     "trace_steps", "knn_every", "barrier_points", "lp_fractions", "accountant", "noise_multiplier",
                     "vit_trials", "vit_trial_steps", "vit_lr_range", "vit_probe_images", "grad_sample_mode",
-                    "ke_source")
+                    "ke_source", "membership_models")
 
 

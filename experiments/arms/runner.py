@@ -5,6 +5,7 @@ Usage (from the repository root; needs ``../shared/data``)::
     python -m experiments arms run continual trace ke ganesh vit --scale cpu [--workers 2]
     python -m experiments arms run continual trace ke ganesh vit --scale full  # issue 16's scale (a GPU)
     python -m experiments arms run ganesh --scale cpu_hour --seeds 0 1 2 3 4 --parts same_random  # some parts only
+    python -m experiments arms run membership --scale cpu_hour_mia --seeds 0 --parts nondp scratch continual
     python -m experiments findings --scale cpu                                # results/reference/seed_findings.md
     python -m experiments arms pretrained --scale cpu_vit_long  # the ViT arm's pre-trained model, whole test split
     python -m experiments arms adopt FILE --scale gpu_full_vit_long --sha256 HEX  # a lease's pre-training, here
@@ -47,6 +48,8 @@ def _join_seed(parts: list[dict]) -> dict:
     for p in parts:
         for k, v in p["per_seed"].items():
             out["per_seed"].setdefault(k, v)
+        if "summary" in p:  # per-part results that are not per seed (the membership arm's pooled attacks)
+            out["summary"] = {**out.get("summary", {}), **p["summary"]}
         out["epsilons"] += [e for e in p.get("epsilons", []) if e not in out["epsilons"]]
         out["sigmas"].update(p.get("sigmas", {}))
     if not out["epsilons"]:
@@ -210,6 +213,8 @@ def run_arm(name: str, scale_name: str, seed: int | None = None, part=None) -> t
     t0 = time.perf_counter()
     # runs and part jobs share what they would each pre-train alike (a seed's ViT, the Ke source) through a cache
     extra = {"pretrained_cache": OUT / scale_name / "pretrained"} if name in ("vit", "ke") else {}
+    if name == "membership":  # the attacks' signals, to re-score without training
+        extra = {"signals_dir": OUT / scale_name / "membership_signals"}
     res = ARMS[name](scale, device=device, log=lambda m: print(f"[{name}] {m}", flush=True), **extra)
     secs = time.perf_counter() - t0
     res.update({"wall_seconds": secs, "device": str(device), "machine": f"{platform.machine()}, {os.cpu_count()} "

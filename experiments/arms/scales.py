@@ -121,3 +121,12 @@ SCALES["gpu_vit"] = SCALES["gpu"].with_(name="gpu_vit", steps=500, source_steps=
 # (same seeds, data and member halves). At 120 the loss still fell on every seed. Issue 36:
 # `python -m experiments arms run continual --scale cpu_hour_plateau`
 SCALES["cpu_hour_plateau"] = SCALES["cpu_hour"].with_(name="cpu_hour_plateau", switch=120, continual_arms=("plateau",))
+# Bu et al.'s membership claim under the suite's strongest attacks (issue 36): the continual arm's `cpu_hour`
+# trainings (non-DP, DP from scratch, continual with 60 public steps; 300 steps of batch 64 on a random half of the
+# 2,000 private images, σ by PLD at ε = 8) 16 times each, model i with seed i on the continual arm's member half of
+# seed i, every model attacked by LiRA / RMIA with the other 15 of its training as references (16 targets × 1,000
+# non-members; 16,000 pooled). Its one "seed" is the run (`--seeds 0`), one part per training:
+# `python -m experiments arms run membership --scale cpu_hour_mia --seeds 0 --parts nondp scratch continual`, then
+# `python -m experiments arms merge membership --scale cpu_hour_mia`
+SCALES["cpu_hour_mia"] = SCALES["cpu_hour"].with_(name="cpu_hour_mia", membership_models=16,
+                                                  continual_arms=("nondp", "scratch", "continual"))

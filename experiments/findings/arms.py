@@ -70,6 +70,8 @@ def bu_arm_rows(scale: str) -> list[str]:
         t, v, _ = greater(auc["nondp"], auc["continual"], scale=1, fmt="+.3f")
         ci = f"[{min(ps['continual_loss_auc_lo']):.3f}, {max(ps['continual_loss_auc_hi']):.3f}]"
         n_out = c.get("n_members_mean")
+        mia_at = next((f"`{sc}`" for sc in ("gpu_full", "gpu", "cpu_hour", "cpu")
+                       if sc != scale and arm_result(f"{sc}_mia", "membership")), "")
         rows.append(row(scale, "Bu et al. 2024",
                         "continual checkpoints resist membership inference (the DP claim covers the private data)",
                          "LOSS AUC: " + ", ".join(f"{k} {fmt_mean_sd(v_, '.3f')}" for k, v_ in auc.items())
@@ -78,9 +80,11 @@ def bu_arm_rows(scale: str) -> list[str]:
                          + "; at 0.1 % FPR: not recorded",
                          f"non-DP AUC > continual AUC (LOSS): {t}. Weak attack: its TPR at 1 % FPR is at chance even "
                          "on the non-DP model, so it could not have detected a leak at low FPR. The suite's strongest "
-                         "attacks (LiRA / RMIA, attacks/strongest.py) were not run: the arm kept no weights, only "
-                         f"these summaries" + (f" ({n_out:,.0f} members per model)" if n_out else "")
-                         + ", and they need reference models (see Untested)", "inconclusive", cmd))
+                         f"attacks (LiRA / RMIA, attacks/strongest.py) were not run at {scale}: the arm kept no "
+                         f"weights, only these summaries" + (f" ({n_out:,.0f} members per model)" if n_out else "")
+                         + ", and they need reference models (see Untested)"
+                         + (f"; they ran at {mia_at} (the membership arm, its own row)" if mia_at else ""),
+                         "inconclusive", cmd))
     return rows
 
 
@@ -200,9 +204,12 @@ def ganesh_rows(scale: str) -> list[str]:
                  "; ".join(f"{k}: {pct(ps[f'public{k}_acc'])}" for k in g["budgets"]),
                  f"{top} public steps > 0: {t}", v, cmd)]
     t, v, _ = greater(ps["barrier_random"], ps["barrier_same_public"], scale=1, fmt="+.3f")
+    ran = next((f"`{sc}`" for sc in ("gpu_full", "gpu", "cpu_hour", "cpu") if sc != scale and ganesh_control(sc)),
+               None)
     control = ("" if "barrier_same_random" in ps else "; no shared-random-init control at this scale: two different "
                "random inits are apart by permutation symmetry alone, so this row cannot say the public data made "
-               "the basin (the control's row is at the largest scale that ran it)")
+               "the basin (" + (f"the control ran at {ran} only: its row; at {scale} it is under Untested)" if ran
+                                else "no scale ran the control: see Untested)"))
     rows.append(row(scale, "Ganesh et al. 2023",
                             "one basin: the loss barrier between two DP runs from one public init is "
                      "smaller than between DP runs from two different random inits",

@@ -21,14 +21,15 @@ from experiments.findings.arms import (bu_arm_rows, ganesh_contrast_rows, ganesh
 from experiments.findings.continual import continual_rows
 from experiments.findings.finetune import finetune_table_rows
 from experiments.findings.law import vit_rows
+from experiments.findings.membership import membership_rows
 from experiments.findings.rows import arm_result
 from experiments.findings.text import sections
 from experiments.findings.untested import untested_section
 from experiments.papers.runs import OUT, ROOT
 
 
-SECTIONS = (continual_rows, bu_arm_rows, plateau_room_rows, trace_arm_rows, finetune_table_rows, ke_rows, ganesh_rows,
-            ganesh_control_rows, ganesh_contrast_rows, vit_rows)
+SECTIONS = (continual_rows, bu_arm_rows, plateau_room_rows, membership_rows, trace_arm_rows, finetune_table_rows,
+            ke_rows, ganesh_rows, ganesh_control_rows, ganesh_contrast_rows, vit_rows)
 SCALES = ("gpu_full", "gpu_full_vit_long", "cpu_vit_long", "cpu_vit_ke", "gpu_full_vit", "gpu", "gpu_vit", "cpu_hour",
           "cpu_hour_vit", "cpu")
 
@@ -40,7 +41,7 @@ PER_SEED_JSON = "seed_findings.per_seed.json"
 
 def config_runs_per_seed() -> dict[str, dict[str, dict[str, float]]]:
     """{"<config>/<scale>": {variant: {seed: test accuracy}}} of every configs' run on this machine (the continual
-    sweep and rules, the budget-split strategies); empty where none is here."""
+    sweep and rules, the budget-split strategies and their non-DP reference); empty where none is here."""
     from experiments.papers.runs import SCALES as RUN_SCALES, groups
 
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -53,8 +54,25 @@ def config_runs_per_seed() -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+def merged_per_seed(here: dict[str, dict[str, dict[str, float]]], kept: dict[str, dict[str, dict[str, float]]]
+                    ) -> dict[str, dict[str, dict[str, float]]]:
+    """The committed per-seed values ``kept`` updated with the runs on this machine ``here``: a (config, scale,
+    variant) whose runs are here is re-read from them, one whose runs are not keeps its committed values.
+
+    >>> merged_per_seed({"f/a": {"x": {"0": 0.5}}}, {"f/a": {"y": {"0": 0.1}}, "c/b": {"z": {"1": 0.2}}})
+    {'c/b': {'z': {'1': 0.2}}, 'f/a': {'x': {'0': 0.5}, 'y': {'0': 0.1}}}
+    """
+    out = {k: dict(v) for k, v in kept.items()}
+    for key, variants in here.items():
+        out.setdefault(key, {}).update(variants)
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
+
 def archive_section() -> list[str]:
-    """Where each row's per-seed values are kept."""
+    """Where each row's per-seed values are kept (an archive is named only where its file is committed)."""
+    kept = json.loads((OUT / PER_SEED_JSON).read_text()) if (OUT / PER_SEED_JSON).is_file() else {}
+    ref = [k for k in ("lp-nondp", "fft-nondp") if k in kept.get("finetune/gpu_full", {})]
+    mia = sorted(p.parent.name for p in (OUT / "seed_arms").glob("*_mia/membership.json"))
     return [
         "## Where the per-seed values are", "",
         "* The arms' rows: `results/reference/seed_arms/<scale>/<arm>.json` (`per_seed`: one value per seed, in the "
@@ -62,8 +80,13 @@ def archive_section() -> list[str]:
         "`cpu_hour` are `seed_arms/cpu_hour/parts/ganesh.s<seed>.same_random.json`.",
         f"* The configs' rows: `results/reference/{PER_SEED_JSON}` (test accuracy per variant and seed, written from "
         "the runs by this command), the runs themselves in the `seed_gpu/*.tgz` archives.",
-        "* Ke et al.'s budget split at `gpu_full`: not archived (see Untested); its rows test the committed "
-        "`finetune_strategies.gpu_full.md`'s mean ± SD.", ""]
+        *([f"* The membership (LiRA / RMIA) row: `results/reference/seed_arms/{', '.join(mia)}/membership.json` "
+           "(`per_seed`: one value per target model, in model order, for every attack and metric; `summary`: the "
+           "pooled metrics and the strongest attack per training), its parts in `parts/` beside it."] if mia else []),
+        "* Ke et al.'s budget split at `gpu_full`: its 50 DP runs' per-seed values are not archived anywhere (see "
+        "Untested); its rows test the committed `finetune_strategies.gpu_full.md`'s mean ± SD."
+        + (f" Its non-DP reference runs ({', '.join(f'`{k}`' for k in ref)}) are in `{PER_SEED_JSON}` under "
+           "`finetune/gpu_full`." if ref else " No non-DP reference runs at this scale are archived."), ""]
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m experiments findings") -> int:
@@ -107,10 +130,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments findi
         *[f"* `{sc}`: `{json.dumps(v)}`" for sc, v in settings.items()], ""])
     write_text(OUT / "seed_findings.md", text)
     per_seed = config_runs_per_seed()
-    if per_seed:  # the runs are here: keep their per-seed values beside the table (else the committed file stands)
+    if per_seed:  # runs are here: their per-seed values join the committed ones (runs not here keep theirs)
         from foundation.io import write_json
 
-        write_json(OUT / PER_SEED_JSON, per_seed)
+        kept = json.loads((OUT / PER_SEED_JSON).read_text()) if (OUT / PER_SEED_JSON).is_file() else {}
+        write_json(OUT / PER_SEED_JSON, merged_per_seed(per_seed, kept))
     print(text)
     return 0
 

@@ -38,6 +38,42 @@ def _finetune_runs(scale: str) -> dict[tuple[str, int], list[float]]:
     return out
 
 
+#: the non-DP reference strategies of ``finetune_strategies.yaml`` (``privacy.enabled: false``), by variant base
+NONDP_REFERENCE = (("lp-nondp", "LP"), ("fft-nondp", "FFT"))
+
+
+def nondp_reference(scale: str) -> dict[str, list[float]]:
+    """{variant base: per-seed test accuracy in [0, 1]} of the non-DP reference fine-tunings at ``scale``: the runs
+    on this machine, else the committed ``seed_findings.per_seed.json`` (``finetune/<scale>``); empty without."""
+    import json
+
+    from experiments.papers.runs import SCALES as RUN_SCALES
+
+    if scale not in RUN_SCALES:
+        return {}
+    g = groups("finetune", scale)
+    got = {k: [x["test_accuracy"] for _, _, x in g[k]] for k, _ in NONDP_REFERENCE if g.get(k)}
+    if got:
+        return got
+    path = OUT / "seed_findings.per_seed.json"
+    kept = json.loads(path.read_text()).get(f"finetune/{scale}", {}) if path.is_file() else {}
+    return {k: [kept[k][s] for s in sorted(kept[k], key=int)] for k, _ in NONDP_REFERENCE if kept.get(k)}
+
+
+def nondp_text(scale: str) -> str:
+    """The rows' sentence on what DP costs on the task: the non-DP reference, or that there is none."""
+    from experiments.stats import fmt_mean_sd
+
+    ref = nondp_reference(scale)
+    if not ref:
+        return ("No non-DP fine-tuning of the same source on this task was run, so what DP costs here is not "
+                "measured.")
+    n = min(len(v) for v in ref.values())
+    return ("Without DP (the same source, steps and learning rates; " + ", ".join(
+        f"{label} {fmt_mean_sd(ref[k], '.1f', 100)} %" for k, label in NONDP_REFERENCE if k in ref)
+        + f"; {n} seeds, per seed in `seed_findings.per_seed.json`): what DP costs here.")
+
+
 def finetune_table_rows(scale: str) -> list[str]:
     """Ke et al.'s budget-split claims at ``scale``, tested as ``finetune_strategies[.scale].md`` tests them: Welch
     per split against the other strategy, Holm over the 3 splits. The per-seed accuracies of the runs when they are
@@ -76,8 +112,7 @@ def finetune_table_rows(scale: str) -> list[str]:
             rows.append(row(scale, "Ke et al. 2024", f"{claim}, ε = {eps} (finetune_strategies table, {steps} steps)",
                              f"LP-FFT splits {', '.join(f'{s[(k, eps)][0]:.1f}' for k in SPLITS)} % vs "
                              f"{s[(other, eps)][0]:.1f} ± {s[(other, eps)][1]:.1f} %, {seeds} seeds.{near}{missing} "
-                             "No non-DP fine-tuning of the same source on this task was run, so what DP costs here "
-                             "is not measured.",
+                             + nondp_text(scale),
                              f"Welch per split on {source}, Holm over 3 splits: {fmt_p(adj[i])} for the largest "
                              f"difference ({SPLITS[i][5:]} % to LP)", v, cmd))
     return rows

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from experiments.findings.membership import paragraph as _membership
+
 
 def _switch_full(f: dict) -> str:
     return (
@@ -76,6 +78,7 @@ def _continual_cpu_hour(f: dict) -> str:
 
 
 def _continual_arm(f: dict) -> str:
+    mia = ("; at `cpu_hour` they were (the membership arm, below)" if "mi_verdict" in f else "")
     plateau = ("The plateau rule never fired: the public validation loss still fell at its cap of "
                f"{f['ca_plateau_cap']} steps, so its row is inconclusive, as at `cpu_hour`." if f["ca_plateau_capped"]
                else f"The plateau rule fired (at up to {f['ca_plateau_cap']} steps).")
@@ -93,7 +96,8 @@ def _continual_arm(f: dict) -> str:
         f"LOSS attack's AUC is {f['ca_auc_dp']} on every DP checkpoint against {f['ca_auc_nondp']} for non-DP "
         f"({f['ca_p_auc']}), and its TPR at 1 % FPR is {f['ca_tpr_dp']} %, chance, as it is on the non-DP model "
         f"({f['ca_tpr_nondp']} %): this attack could not have detected a leak at low FPR, so the membership row is "
-        "inconclusive. The suite's strongest attacks (LiRA, RMIA) were not run on these models (see Untested). To "
+        "inconclusive. The suite's strongest attacks (LiRA, RMIA) were not run on these models (see Untested)"
+        f"{mia}. To "
         f"the LOSS attack the clipping-only model leaks as much as the non-DP one (AUC {f['ca_auc_clip']}, TPR "
         f"{f['ca_tpr_clip']} %). The same three rows at `cpu_hour` (small CNN) agreed: clip-only {f['cas_clip']} % vs DP "
         f"{f['cas_scratch']} %, AUC {f['cas_auc_dp']} vs {f['cas_auc_nondp']}.")
@@ -172,8 +176,8 @@ def _plateau_room(f: dict) -> str:
 
 
 _PROSE: tuple[Callable[[dict], str], ...] = (_switch_full, _decelerator_full, _switch_gpu, _continual_cpu_hour,
-                                             _continual_arm, _ganesh, _trace, _trace_small, _not_exercised,
-                                             _plateau_room)
+                                             _continual_arm, _membership, _ganesh, _trace, _trace_small,
+                                             _not_exercised, _plateau_room)
 
 
 def paragraphs(f: dict, makers: tuple[Callable[[dict], str], ...]) -> list[str]:

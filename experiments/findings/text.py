@@ -8,7 +8,7 @@ method (sizes, steps, grids a scale was set to run) and how the leases went (com
 
 from __future__ import annotations
 
-from experiments.findings import facts_arms, facts_runs, facts_scales, facts_tables
+from experiments.findings import facts_arms, facts_runs, facts_scales, facts_tables, membership
 from experiments.findings.prose import _PROSE, paragraphs
 from experiments.findings.prose_law import CLOSING, PROSE
 
@@ -18,7 +18,7 @@ def facts() -> dict:
     f: dict = {}
     for group in (facts_runs.switch_gpu_full, facts_runs.switch_gpu, facts_runs.continual_cpu_hour,
                   facts_runs.gpu_full_scale, facts_arms.continual_arm, facts_arms.ganesh, facts_arms.ganesh_control, facts_arms.ganesh_contrast,
-                  facts_arms.plateau_room,
+                  facts_arms.plateau_room, membership.facts,
                   facts_arms.trace,
                   facts_arms.vit, facts_arms.ke, facts_tables.budget_split, facts_tables.h100_profile,
                   facts_scales.vit_scales, facts_scales.gpu_scale):

@@ -44,13 +44,14 @@ UNTESTED: tuple[tuple[str, str, str], ...] = (
      "law rows), so the collapse was never provoked",
      "the paper's untuned hyper-parameters as the arm's untuned setting; not built"),
     ("Bu et al.: continual checkpoints resist the strongest membership attacks (LiRA / RMIA, TPR at 1 % and 0.1 % "
-     "FPR; `attacks/strongest.py`)",
+     "FPR; `attacks/strongest.py`) at full size (`gpu_full`)",
      "the continual arm kept no weights and no per-example scores, only LOSS / Attack-P summaries with TPR at 1 % "
-     "FPR (`seed_arms/<scale>/continual.json`); LiRA and RMIA need the target models and reference models trained "
-     "on other halves of the same private pool, i.e. the 25 target trainings again plus the references{arm_cost}: "
-     "more than this session's CPU budget at `cpu_hour` and a GPU lease at `gpu_full`",
-     "the arm saving its models (safetensors) and scoring them with the suite's LiRA / RMIA over a reference-model "
-     "farm of the same recipe; not built"),
+     "FPR (`seed_arms/gpu_full/continual.json`); LiRA and RMIA need reference models trained like the target on "
+     "other halves of the same private pool. The membership arm does that "
+     "(`experiments/arms/membership.py`){mia_cost}, so at `gpu_full` it is 16 ResNet-20 trainings of 1,000 steps "
+     "per training: a GPU lease",
+     "a `gpu_full` scale of the membership arm (as `cpu_hour_mia` is for `cpu_hour`) and the arm in the GPU "
+     "queue's list (`ARM_ORDER` in `experiments/gpu/queue.py`), then a lease; neither is defined"),
     ("Bu et al.: the paper's switch, early stopping on validation loss, at full size (`gpu_full`) without our cap",
      "our plateau rule implements it but caps public steps at twice the scale's `switch` (400 of 1,000 at "
      "`gpu_full`), and the validation loss still fell at the cap on every seed; only `cpu_hour` (the small CNN) "
@@ -58,13 +59,15 @@ UNTESTED: tuple[tuple[str, str, str], ...] = (
      "a `gpu_full` scale of the continual arm's plateau part with a larger `switch` (the cap is `2 * scale.switch` "
      "in `experiments/arms/bu.py`), as `cpu_hour_plateau` is for `cpu_hour`: on a GPU lease `python -m experiments "
      "gpu run --scale gpu_full --arms continual --no-runs --arm-scale continual=<that scale>`; not defined"),
-    ("Ke et al. at `gpu_full`: the budget-split rows' per-seed runs, and a non-DP reference on the downstream task",
-     "the 50 runs were not archived (only `finetune_strategies.gpu_full.md`'s mean ± SD, which the rows test); no "
-     "non-DP fine-tuning of the source on Food-101 was run, so DP's cost there has no reference",
-     "`python -m experiments gpu run --scale gpu_full --arms --configs finetune` (GPU, or a CPU with "
-     "`--workers 2`), then `python -m experiments gpu pack FILE` to keep the runs; the non-DP reference needs a "
-     "strategy "
-     "without DP in `finetune_strategies.yaml` (not in the config)"),
+    ("Ke et al. at `gpu_full`: the budget-split rows' per-seed runs{ke_reference_claim}",
+     "the 50 DP runs were not archived: their run directories are gone, `gpu_full_runs.tgz` holds only the "
+     "continual config's runs and `ft_source_gpu_full.tgz` only the source, so only "
+     "`finetune_strategies.gpu_full.md`'s rounded mean ± SD survives, which the rows test (Welch from the summary; "
+     "their verdicts rest on that table){ke_reference_why}",
+     "on this CPU `python -m experiments papers run finetune --scale gpu_full --variants 'lp-e*' 'fft-e*' "
+     "'lpfft*'` after `python -m experiments gpu prepare --jpeg`, `gpu decode` and `gpu unpack "
+     "results/reference/seed_gpu/ft_source_gpu_full.tgz` (the table's Machine line: 204 minutes of training), "
+     "then `python -m experiments findings`, which keeps their per-seed values in `seed_findings.per_seed.json`"),
 )
 
 
@@ -83,21 +86,40 @@ def _random_part_cost() -> str:
             f"(`seed_arms/gpu_full/parts/ganesh.s*.random.json`), {sum(secs) / 3600:.1f} hours for {len(secs)} seeds")
 
 
-def _continual_arm_cost() -> str:
-    """What the continual arm at ``cpu_hour`` (25 models and their LOSS / Attack-P scoring) took, from its JSON."""
+def _membership_cost() -> str:
+    """Where the membership arm ran and what it took, from its committed JSON (empty without one)."""
     import json
 
     from experiments.findings.rows import OUT
 
-    path = OUT / "seed_arms/cpu_hour/continual.json"
-    if not path.is_file():
-        return ""
-    secs = json.loads(path.read_text())["wall_seconds"]
-    return (f" (the `cpu_hour` arm's 25 models took {secs:,.0f} s on this CPU, `seed_arms/cpu_hour/continual.json`; "
-            "k reference models per target multiply that by about k + 1)")
+    done = sorted((OUT / "seed_arms").glob("*_mia/membership.json"))
+    if not done:
+        return ": not run at any scale"
+    m = json.loads(done[0].read_text())
+    n = len(m.get("summary", {})) * m["targets"]
+    return (f" and ran at `{m['scale_settings']['name'].removesuffix('_mia')}` (its row; {n} small-CNN models in "
+            f"{m['wall_seconds']:,.0f} s on one core of this CPU, `seed_arms/{done[0].parent.name}/membership.json`)")
 
 
-_FILL = {"{random_cost}": _random_part_cost, "{arm_cost}": _continual_arm_cost}
+def _ke_reference() -> bool:
+    from experiments.findings.finetune import nondp_reference
+
+    return bool(nondp_reference("gpu_full"))
+
+
+def _ke_reference_claim() -> str:
+    return "" if _ke_reference() else ", and a non-DP reference on the downstream task"
+
+
+def _ke_reference_why() -> str:
+    if _ke_reference():
+        return ("; the non-DP reference (`lp-nondp`, `fft-nondp` of `finetune_strategies.yaml`) ran since and is "
+                "archived (`seed_findings.per_seed.json`)")
+    return "; no non-DP fine-tuning of the source on Food-101 was run, so DP's cost there has no reference"
+
+
+_FILL = {"{random_cost}": _random_part_cost, "{mia_cost}": _membership_cost,
+         "{ke_reference_claim}": _ke_reference_claim, "{ke_reference_why}": _ke_reference_why}
 
 
 def untested_section() -> list[str]:
@@ -108,5 +130,6 @@ def untested_section() -> list[str]:
     for claim, why, what in UNTESTED:
         for key, fill in _FILL.items():
             why = why.replace(key, fill()) if key in why else why
+            claim = claim.replace(key, fill()) if key in claim else claim
         lines.append(f"* **{claim}.** Why: {why}. To test it: {what}.")
     return lines + [""]

@@ -54,12 +54,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments paper
     p_run.add_argument("names", nargs="+", choices=sorted(CONFIGS))
     p_run.add_argument("--workers", type=int, default=2)
     p_run.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    p_run.add_argument("--variants", nargs="+", default=None, metavar="PATTERN",
+                       help="only the variants matching these shell patterns, e.g. '*-nondp-*'")
     p_tab = sub.add_parser("tables", help="write results/reference/{continual_pretrain,decelerator,"
                                           "finetune_strategies}[.SCALE].md")
     p_tab.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     args = parser.parse_args(argv)
     if args.cmd == "run":
-        run(args.names, workers=args.workers, scale=args.scale)
+        run(args.names, workers=args.workers, scale=args.scale, only=args.variants)
     else:
         tables(args.scale)
     return 0

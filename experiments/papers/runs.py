@@ -173,13 +173,18 @@ def _run_one(name: str, scale_name: str, variant: str | None) -> tuple[str | Non
     return variant, time.perf_counter() - t0, res[0].steps[0].status
 
 
-def run(names: list[str], *, workers: int, scale: str) -> None:
-    """Train every variant of each config (``audit run --steps train``) over ``workers`` one-thread processes."""
+def run(names: list[str], *, workers: int, scale: str, only: list[str] | None = None) -> None:
+    """Train every variant of each config (``audit run --steps train``) over ``workers`` one-thread processes;
+    ``only``: just the variants matching one of these shell patterns (e.g. ``'*-nondp-*'``)."""
+    from fnmatch import fnmatchcase
+
     from audit.config import variant_names
 
     os.chdir(ROOT)
     for name in names:
         variants = variant_names(scale_config(name, SCALES[scale]))
+        if only is not None:
+            variants = [v for v in variants if any(fnmatchcase(v, pat) for pat in only)]
         print(f"[{time.strftime('%H:%M:%S')}] {name} ({scale}): {len(variants)} run(s) on {workers} worker(s)",
               flush=True)
         if workers == 1 or len(variants) == 1:
