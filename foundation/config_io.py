@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.resources
 import os
 import typing
 from collections.abc import Mapping, Sequence
@@ -26,8 +27,8 @@ from pydantic import BaseModel, ValidationError
 
 from foundation.errors import ConfigError
 
-__all__ = ["safe_load_yaml", "load_yaml", "resolve_config_path", "SHIPPED_CONFIGS", "Override", "Overrides",
-           "parse_override", "to_overrides", "override_text", "apply_overrides", "format_validation_error"]
+__all__ = ["safe_load_yaml", "load_yaml", "resolve_config_path", "SHIPPED_PACKAGE", "shipped_config", "Override",
+           "Overrides", "parse_override", "to_overrides", "override_text", "apply_overrides", "format_validation_error"]
 
 #: One parsed override: the dotted key's parts and the value to set there (typed).
 Override = tuple[tuple[str, ...], Any]
@@ -69,13 +70,39 @@ def safe_load_yaml(text: str | bytes) -> Any:
         raise yaml.YAMLError("nested too deeply to be a config") from None
 
 
-#: The configs shipped with this installation: ``eval_configs/`` beside the packages, in a checkout and in an
-#: installed wheel alike (pyproject ships it as the data package ``eval_configs``: every ``*.yaml`` under it).
-SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "eval_configs"
+#: The data package that holds the configs shipped with this installation (``eval_configs/``: every ``*.yaml``
+#: under it ships in the wheel; pyproject's ``packages.find`` and ``package-data``).
+SHIPPED_PACKAGE = "eval_configs"
+
+
+def shipped_config(*parts: str) -> Path:
+    """A config shipped with this installation, found through :mod:`importlib.resources` (a checkout's
+    ``eval_configs/`` or an installed wheel's alike, wherever the package was installed), not beside this file.
+
+    Args:
+        parts: the path inside ``eval_configs/`` (e.g. ``"transfer", "default.yaml"``); none gives the folder.
+
+    Raises:
+        ConfigError: the package cannot be imported (an editable install made before it was a package: re-run
+            ``pip install -e .``) or is not a folder on disk (e.g. imported from a zip archive).
+
+    >>> shipped_config("transfer", "default.yaml").is_file()
+    True
+    """
+    try:
+        root = importlib.resources.files(SHIPPED_PACKAGE)
+    except ModuleNotFoundError:
+        raise ConfigError(f"the shipped configs (package {SHIPPED_PACKAGE!r}) are not importable; reinstall "
+                          f"dp-audit ('pip install .', or 'pip install -e .' in a checkout)") from None
+    if not isinstance(root, Path):
+        raise ConfigError(f"the shipped configs ({root}) are not a folder on disk; install dp-audit unpacked "
+                          f"('pip install .')")
+    return root.joinpath(*parts)
 
 
 def resolve_config_path(path: str | os.PathLike[str]) -> Path:
-    """``path`` as given when it exists; else a relative ``eval_configs/...`` path names a shipped config.
+    """``path`` as given when it exists; else a relative ``eval_configs/...`` path names a shipped config
+    (:func:`shipped_config`).
 
     So ``audit run eval_configs/quickstart.yaml`` works from any directory, while a file of that name in the
     current directory (the user's own copy) still wins.
@@ -86,9 +113,9 @@ def resolve_config_path(path: str | os.PathLike[str]) -> Path:
     PosixPath('my.yaml')
     """
     path = Path(path)
-    if path.is_file() or path.is_absolute() or not path.parts or path.parts[0] != "eval_configs":
+    if path.is_file() or path.is_absolute() or not path.parts or path.parts[0] != SHIPPED_PACKAGE:
         return path
-    shipped = SHIPPED_CONFIGS.joinpath(*path.parts[1:])
+    shipped = shipped_config(*path.parts[1:])
     return shipped if shipped.is_file() else path
 
 

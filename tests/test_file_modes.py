@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from foundation.config_io import SHIPPED_CONFIGS, load_yaml, resolve_config_path
+from foundation.config_io import load_yaml, resolve_config_path, shipped_config
 from foundation.errors import ConfigError
 from foundation.io import write_json, write_text
 
@@ -41,7 +41,7 @@ def test_canary_secret_is_owner_only(tmp_path: Path) -> None:
 def test_shipped_configs_resolve_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert load_yaml("eval_configs/quickstart_train.yaml")["name"] == "quickstart-train"
-    assert resolve_config_path("eval_configs/gates/default.yaml") == SHIPPED_CONFIGS / "gates" / "default.yaml"
+    assert resolve_config_path("eval_configs/gates/default.yaml") == shipped_config("gates", "default.yaml")
     own = tmp_path / "eval_configs" / "quickstart_train.yaml"   # the user's own copy wins
     own.parent.mkdir()
     own.write_text("name: mine\n")

@@ -416,11 +416,11 @@ def test_audit_run_checks_every_step_before_training(tmp_path, over, pattern):
 
 
 def test_transfer_default_suite_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
-    from audit.commands.transfer import DEFAULT_SUITE
+    from audit.commands.transfer import default_suite
     from audit.transfer.suite import load_suite
 
     monkeypatch.chdir(tmp_path)
-    assert DEFAULT_SUITE.is_absolute() and load_suite(DEFAULT_SUITE).datasets
+    assert default_suite().is_absolute() and load_suite(default_suite()).datasets
 
 
 def test_progress_bar_labels_its_epsilon_as_the_rdp_bound(tmp_path):

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments.paths import ROOT
-EXPERIMENTS = ROOT / "eval_configs/experiments"
+from foundation.config_io import shipped_config
+
+EXPERIMENTS = shipped_config("experiments")  # the shipped experiment configs (importlib.resources)
 CONFIGS = {
     "continual": EXPERIMENTS / "continual_pretrain.yaml",
     "finetune_source": EXPERIMENTS / "finetune_source.yaml",
