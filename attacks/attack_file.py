@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from foundation.result_json import CodeRecord, Real, ResultModel, read_named, write_result
+from foundation.result_json import Real, ResultModel, RunResult, read_named, write_result
 from foundation.files import ATTACK_FILE
 
 __all__ = ["ATTACK_FORMAT", "ATTACK_FILE", "Interval", "AttackMetrics", "Roc", "ClassSlice", "LeaveOneOut",
@@ -135,18 +135,13 @@ class Utility(ResultModel):
     train_accuracy: Real | None
 
 
-class AttackFile(ResultModel):
+class AttackFile(RunResult):
     """``attack.json``: what was attacked (``inputs``: the freshness record), how, and every attack's results."""
 
-    _omit_if_none = frozenset({"code"})
-
     format: Literal["dp-audit-attack/1"] = ATTACK_FORMAT
-    run: str
-    inputs: dict[str, str | None]
     setup: AttackSetup
     attacks: dict[str, AttackEntry]
     utility: Utility
-    code: CodeRecord | None = None  # which code the run named and whether it was trusted (absent: older file)
 
 
 def read_attack_file(path: str | os.PathLike[str], *, identity: Mapping[str, Any] | None = None) -> AttackFile:

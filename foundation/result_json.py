@@ -29,7 +29,7 @@ from foundation.errors import CheckpointError
 from foundation.evidence import sign_json, verify_json
 from foundation.io import json_ready, read_json, write_json
 
-__all__ = ["Real", "ResultModel", "CodeRecord", "result_path", "read_named", "read_result", "write_result",
+__all__ = ["Real", "ResultModel", "CodeRecord", "RunResult", "result_path", "read_named", "read_result", "write_result",
            "validation_message"]
 
 _NON_FINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
@@ -75,6 +75,20 @@ class CodeRecord(ResultModel):
 
     trust_code: bool
     names_code: list[str]
+
+
+class RunResult(ResultModel):
+    """Base of the result files an audit stage computes from a run directory (``attack.json``, ``epsilon.json``):
+    the ``format`` tag (each file narrows it to its own), the run's name, ``inputs`` (the freshness record: the
+    sha256 of every file it was computed from) and ``code`` (which code the run named and whether it was
+    trusted; absent in files made before it existed)."""
+
+    _omit_if_none = frozenset({"code"})
+
+    format: str
+    run: str
+    inputs: dict[str, str | None]
+    code: CodeRecord | None = None
 
 
 M = TypeVar("M", bound=ResultModel)

@@ -24,8 +24,9 @@ from training.run.manifest import (DataInfo, Manifest, MembershipInfo, ModelInfo
 
 __all__ = ["TOP_KEYS", "ESTIMATE_KEYS", "VERDICT_KEYS", "make_run", "write_scores", "identity_digest", "read"]
 
-TOP_KEYS = ["format", "run", "inputs", "claimed_epsilon", "delta", "alpha", "estimates", "skipped", "power",
-            "verdict", "code", "evidence"]
+# format, run, inputs, code: what every stage's result file opens with (foundation.result_json.RunResult)
+TOP_KEYS = ["format", "run", "inputs", "code", "claimed_epsilon", "delta", "alpha", "estimates", "skipped", "power",
+            "verdict", "evidence"]
 ESTIMATE_KEYS = ["method", "source", "epsilon_lb", "alpha", "delta", "counts", "ceiling", "assumptions", "extra"]
 VERDICT_KEYS = ["status", "claimed_epsilon", "claimed_delta", "best_epsilon_lb", "best_method", "best_source",
                 "tightness", "inconclusive_above", "confidence", "max_ceiling", "violating", "notes", "findings"]

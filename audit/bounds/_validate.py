@@ -20,6 +20,7 @@ __all__ = [
     "check_int_array",
     "check_scores",
     "check_rate_counts",
+    "check_rate_test",
 ]
 
 
@@ -106,3 +107,16 @@ def check_rate_counts(*, fp: object, n_neg: object, fn: object, n_pos: object) -
     check_counts_le(fp_i, "fp", n_neg_i, "n_neg")
     check_counts_le(fn_i, "fn", n_pos_i, "n_pos")
     return fp_i, n_neg_i, fn_i, n_pos_i
+
+
+def check_rate_test(*, fp: object, n_neg: object, fn: object, n_pos: object, delta: object, alpha: object,
+                    positive_delta: bool = False) -> dict[str, int | float]:
+    """The checked arguments of a bound from one fixed-threshold test (:func:`check_rate_counts`, then δ, then α),
+    as the keyword arguments ``fp, n_neg, fn, n_pos, delta, alpha``.
+
+    >>> check_rate_test(fp=1, n_neg=10, fn=2, n_pos=10, delta=0, alpha=0.05)
+    {'fp': 1, 'n_neg': 10, 'fn': 2, 'n_pos': 10, 'delta': 0.0, 'alpha': 0.05}
+    """
+    fp_i, n_neg_i, fn_i, n_pos_i = check_rate_counts(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos)
+    return {"fp": fp_i, "n_neg": n_neg_i, "fn": fn_i, "n_pos": n_pos_i,
+            "delta": check_delta(delta, positive=positive_delta), "alpha": check_alpha(alpha)}

@@ -17,12 +17,13 @@ non-members.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from scipy import stats
 
-from audit.bounds._validate import check_alpha, check_count, check_delta, check_rate_counts
+from audit.bounds._validate import check_alpha, check_count, check_delta, check_rate_test
 from audit.bounds.estimate import EpsilonEstimate
 from audit.bounds.thresholds import ThresholdStrategy, estimate_at_chosen_threshold
 
@@ -33,6 +34,8 @@ __all__ = [
     "epsilon_clopper_pearson",
     "epsilon_from_scores_cp",
     "cp_epsilon_bound",
+    "cp_rate_bounds",
+    "rate_counts",
 ]
 
 
@@ -112,12 +115,31 @@ def clopper_pearson_interval(*, k: int, n: int, alpha: float) -> tuple[float, fl
             float(clopper_pearson_upper(k=k, n=n, alpha=alpha / 2)))
 
 
+def cp_rate_bounds(fp: object, n_neg: int, fn: object, n_pos: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(FPR_ub, FNR_ub)`` of a fixed-threshold test: one-sided Clopper–Pearson upper bounds at ``alpha / 2``
+    each, so both hold together with probability ``1 - alpha`` (vectorised over counts; no validation).
+
+    >>> [round(float(b), 5) for b in cp_rate_bounds(0, 100, 0, 100, 0.1)]  # = 1 - 0.05 ** (1 / 100)
+    [0.02951, 0.02951]
+    """
+    return (np.asarray(clopper_pearson_upper(k=np.asarray(fp), n=n_neg, alpha=alpha / 2)),
+            np.asarray(clopper_pearson_upper(k=np.asarray(fn), n=n_pos, alpha=alpha / 2)))
+
+
+def rate_counts(*, fp: int, n_neg: int, fn: int, n_pos: int) -> dict[str, int]:
+    """The ``counts`` an estimate from one fixed-threshold test records (``tn`` and ``tp`` added).
+
+    >>> rate_counts(fp=1, n_neg=10, fn=2, n_pos=10)
+    {'fp': 1, 'tn': 9, 'n_neg': 10, 'fn': 2, 'tp': 8, 'n_pos': 10}
+    """
+    return {"fp": fp, "tn": n_neg - fp, "n_neg": n_neg, "fn": fn, "tp": n_pos - fn, "n_pos": n_pos}
+
+
 def cp_epsilon_bound(
     fp: np.ndarray, n_neg: int, fn: np.ndarray, n_pos: int, alpha: float, *, delta: float
 ) -> np.ndarray:
     """Vectorised ε_lb over arrays of counts (no validation; see :func:`epsilon_clopper_pearson`)."""
-    fpr_ub = np.asarray(clopper_pearson_upper(k=np.asarray(fp), n=n_neg, alpha=alpha / 2))
-    fnr_ub = np.asarray(clopper_pearson_upper(k=np.asarray(fn), n=n_pos, alpha=alpha / 2))
+    fpr_ub, fnr_ub = cp_rate_bounds(fp, n_neg, fn, n_pos, alpha)
     return np.maximum(_log_ratio(1.0 - delta - fpr_ub, fnr_ub), _log_ratio(1.0 - delta - fnr_ub, fpr_ub)).clip(0.0)
 
 
@@ -151,10 +173,7 @@ def epsilon_clopper_pearson(
     >>> round(est.epsilon_lb, 3), est.epsilon_lb == est.ceiling
     (5.601, True)
     """
-    fp, n_neg, fn, n_pos = check_rate_counts(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos)
-    delta = check_delta(delta)
-    alpha = check_alpha(alpha)
-    return _estimate(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos, delta=delta, alpha=alpha, extra={})
+    return _estimate(**check_rate_test(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos, delta=delta, alpha=alpha), extra={})
 
 
 def epsilon_from_scores_cp(
@@ -193,35 +212,23 @@ def epsilon_from_scores_cp(
     (0, 0, 4.91)
     """
     delta = check_delta(delta)
-    alpha = check_alpha(alpha)
-
-    def bound(fp: np.ndarray, n_neg: int, fn: np.ndarray, n_pos: int, a: float) -> np.ndarray:
-        return cp_epsilon_bound(fp, n_neg, fn, n_pos, a, delta=delta)
-
-    return estimate_at_chosen_threshold(
-        scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=threshold_strategy, bound=bound,
-        estimate=lambda **counts: _estimate(delta=delta, **counts))
+    return estimate_at_chosen_threshold(scores_in=scores_in, scores_out=scores_out, alpha=alpha,
+                                        strategy=threshold_strategy, bound=functools.partial(cp_epsilon_bound,
+                                                                                             delta=delta),
+                                        estimate=functools.partial(_estimate, delta=delta))
 
 
 def _estimate(*, fp: int, n_neg: int, fn: int, n_pos: int, delta: float, alpha: float,
               extra: dict[str, object]) -> EpsilonEstimate:
-    fpr_ub = float(clopper_pearson_upper(k=fp, n=n_neg, alpha=alpha / 2))
-    fnr_ub = float(clopper_pearson_upper(k=fn, n=n_pos, alpha=alpha / 2))
+    fpr_ub, fnr_ub = (float(b) for b in cp_rate_bounds(fp, n_neg, fn, n_pos, alpha))
     by_tnr = float(_log_ratio(1.0 - delta - fpr_ub, fnr_ub))
     by_tpr = float(_log_ratio(1.0 - delta - fnr_ub, fpr_ub))
     eps = max(0.0, by_tnr, by_tpr)
     direction = "none" if eps == 0.0 else ("tpr_fpr" if by_tpr >= by_tnr else "tnr_fnr")
     ceiling = float(cp_epsilon_bound(np.array([0]), n_neg, np.array([0]), n_pos, alpha, delta=delta)[0])
-    return EpsilonEstimate(
-        method="clopper_pearson",
-        epsilon_lb=eps,
-        alpha=alpha,
-        delta=delta,
-        counts={"fp": fp, "tn": n_neg - fp, "n_neg": n_neg, "fn": fn, "tp": n_pos - fn, "n_pos": n_pos},
-        ceiling=max(ceiling, eps),
-        assumptions="",
-        extra={"fpr_ub": fpr_ub, "fnr_ub": fnr_ub, "direction": direction, **extra},
-    )
+    return EpsilonEstimate(method="clopper_pearson", epsilon_lb=eps, alpha=alpha, delta=delta,
+                           counts=rate_counts(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos), ceiling=max(ceiling, eps),
+                           extra={"fpr_ub": fpr_ub, "fnr_ub": fnr_ub, "direction": direction, **extra})
 
 
 def _log_ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from audit.bounds.power_record import PowerEntry
 from audit.bounds.verdict import Verdict
-from foundation.result_json import CodeRecord, Real, ResultModel, read_named, write_result
+from foundation.result_json import Real, ResultModel, RunResult, read_named, write_result
 from foundation.files import EPSILON_FILE
 
 __all__ = ["EPSILON_FORMAT", "EPSILON_FILE", "EstimateEntry", "SkippedEntry", "EpsilonFile", "read_epsilon_file",
@@ -60,14 +60,10 @@ class SkippedEntry(ResultModel):
     reason: str
 
 
-class EpsilonFile(ResultModel):
+class EpsilonFile(RunResult):
     """``epsilon.json``: what was audited (``inputs``: the freshness record), the bounds and the verdict."""
 
-    _omit_if_none = frozenset({"code"})
-
     format: Literal["dp-audit-epsilon/2"] = EPSILON_FORMAT
-    run: str
-    inputs: dict[str, str | None]
     claimed_epsilon: Real
     delta: Real
     alpha: Real
@@ -75,7 +71,6 @@ class EpsilonFile(ResultModel):
     skipped: tuple[SkippedEntry, ...]
     power: tuple[PowerEntry, ...] = ()  # what each deciding one-run bound could detect (absent: older file)
     verdict: Verdict
-    code: CodeRecord | None = None  # which code the run named and whether it was trusted (absent: older file)
 
     @property
     def confidence(self) -> float:

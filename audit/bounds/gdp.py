@@ -19,13 +19,15 @@ which decreases in ε and increases in μ; :func:`eps_from_mu` and :func:`mu_fro
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from scipy import special
 
-from audit.bounds._validate import check_alpha, check_delta, check_nonnegative, check_rate_counts
-from audit.bounds.clopper_pearson import clopper_pearson_upper
+from audit.bounds._validate import (check_alpha, check_delta, check_nonnegative, check_rate_counts,
+                                    check_rate_test)
+from audit.bounds.clopper_pearson import cp_rate_bounds, rate_counts
 from audit.bounds.estimate import EpsilonEstimate
 from audit.bounds.thresholds import ThresholdStrategy, estimate_at_chosen_threshold
 
@@ -143,8 +145,7 @@ def _bisect(keep_lo: object, lo: float, hi: float) -> float:
 
 def gdp_mu_bound(fp: np.ndarray, n_neg: int, fn: np.ndarray, n_pos: int, alpha: float) -> np.ndarray:
     """Vectorised ``μ_lb = max(0, Φ⁻¹(1 - FPR_ub) - Φ⁻¹(FNR_ub))`` (no validation; CP bounds at ``alpha/2``)."""
-    fpr_ub = np.asarray(clopper_pearson_upper(k=np.asarray(fp), n=n_neg, alpha=alpha / 2))
-    fnr_ub = np.asarray(clopper_pearson_upper(k=np.asarray(fn), n=n_pos, alpha=alpha / 2))
+    fpr_ub, fnr_ub = cp_rate_bounds(fp, n_neg, fn, n_pos, alpha)
     return np.maximum(-special.ndtri(fpr_ub) - special.ndtri(fnr_ub), 0.0)
 
 
@@ -200,10 +201,8 @@ def epsilon_gdp(*, fp: int, n_neg: int, fn: int, n_pos: int, delta: float, alpha
     >>> round(est.extra["mu_lb"], 3), round(est.epsilon_lb, 3)
     (2.011, 10.065)
     """
-    fp, n_neg, fn, n_pos = check_rate_counts(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos)
-    delta = check_delta(delta, positive=True)
-    alpha = check_alpha(alpha)
-    return _estimate(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos, delta=delta, alpha=alpha, extra={})
+    return _estimate(**check_rate_test(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos, delta=delta, alpha=alpha,
+                                       positive_delta=True), extra={})
 
 
 def epsilon_from_scores_gdp(
@@ -234,26 +233,19 @@ def epsilon_from_scores_gdp(
         ValueError: On empty or non-finite scores, or α/δ out of range.
     """
     delta = check_delta(delta, positive=True)
-    alpha = check_alpha(alpha)
-    return estimate_at_chosen_threshold(
-        scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=threshold_strategy, bound=gdp_mu_bound,
-        estimate=lambda **counts: _estimate(delta=delta, **counts))
+    return estimate_at_chosen_threshold(scores_in=scores_in, scores_out=scores_out, alpha=alpha,
+                                        strategy=threshold_strategy, bound=gdp_mu_bound,
+                                        estimate=functools.partial(_estimate, delta=delta))
 
 
 def _estimate(*, fp: int, n_neg: int, fn: int, n_pos: int, delta: float, alpha: float,
               extra: dict[str, object]) -> EpsilonEstimate:
-    fpr_ub = float(clopper_pearson_upper(k=fp, n=n_neg, alpha=alpha / 2))
-    fnr_ub = float(clopper_pearson_upper(k=fn, n=n_pos, alpha=alpha / 2))
+    fpr_ub, fnr_ub = (float(b) for b in cp_rate_bounds(fp, n_neg, fn, n_pos, alpha))
     mu_lb = float(gdp_mu_bound(np.array(fp), n_neg, np.array(fn), n_pos, alpha))
     mu_ceiling = float(gdp_mu_bound(np.array(0), n_neg, np.array(0), n_pos, alpha))
     eps = eps_from_mu(mu=mu_lb, delta=delta)
-    return EpsilonEstimate(
-        method="gdp",
-        epsilon_lb=eps,
-        alpha=alpha,
-        delta=delta,
-        counts={"fp": fp, "tn": n_neg - fp, "n_neg": n_neg, "fn": fn, "tp": n_pos - fn, "n_pos": n_pos},
-        ceiling=max(eps_from_mu(mu=mu_ceiling, delta=delta), eps),
-        assumptions=GAUSSIAN_ASSUMPTION,
-        extra={"mu_lb": mu_lb, "mu_ceiling": mu_ceiling, "fpr_ub": fpr_ub, "fnr_ub": fnr_ub, **extra},
-    )
+    return EpsilonEstimate(method="gdp", epsilon_lb=eps, alpha=alpha, delta=delta,
+                           counts=rate_counts(fp=fp, n_neg=n_neg, fn=fn, n_pos=n_pos),
+                           ceiling=max(eps_from_mu(mu=mu_ceiling, delta=delta), eps), assumptions=GAUSSIAN_ASSUMPTION,
+                           extra={"mu_lb": mu_lb, "mu_ceiling": mu_ceiling, "fpr_ub": fpr_ub, "fnr_ub": fnr_ub,
+                                  **extra})

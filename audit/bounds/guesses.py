@@ -13,12 +13,13 @@ would let the canary order (which may correlate with membership) leak into the g
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from audit.bounds._validate import check_int_array, check_scores
 
-__all__ = ["GuessCounts", "one_run_guess_counts"]
+__all__ = ["GuessCounts", "GridBest", "one_run_guess_counts", "best_guess_pair"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,3 +117,52 @@ def one_run_guess_counts(
     v_pos = top_in[kp].astype(np.int64)
     v_neg = bottom_out[kn].astype(np.int64)
     return GuessCounts(m=m, k_pos=kp, k_neg=kn, r=r, v=v_pos + v_neg, v_pos=v_pos, v_neg=v_neg)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GridBest:
+    """The best ``(k_pos, k_neg)`` pair of a guess grid under a bound, every pair tested at ``alpha / n_pairs``.
+
+    Attributes:
+        value: the best pair's bound.
+        ceiling: the largest bound any pair could give with every guess correct (``v = r``), at the same α.
+        counts: the best pair's counts (:meth:`GuessCounts.record`).
+        extra: ``alpha_per_pair`` and the grid it was chosen from (``k_pos_grid``, ``k_neg_grid``).
+    """
+
+    value: float
+    ceiling: float
+    counts: dict[str, int]
+    extra: dict[str, object]
+
+
+def best_guess_pair(*, scores: object, included: object, k_pos_grid: object, k_neg_grid: object,
+                    rng: np.random.Generator | int | None, alpha: float,
+                    bounds: Callable[[int, np.ndarray, np.ndarray, float], np.ndarray],
+                    ceilings: Callable[[int, tuple[int, ...], float], Sequence[float]]) -> GridBest:
+    """Search a one-run guess grid with the search accounted for (Bonferroni over the pairs).
+
+    Args:
+        scores, included, k_pos_grid, k_neg_grid, rng: as for :func:`one_run_guess_counts`.
+        alpha: the overall significance level (checked by the caller).
+        bounds: ``bounds(m, r, v, alpha_per_pair)``, the vectorised bound of every pair.
+        ceilings: ``ceilings(m, r, alpha_per_pair)`` with ``r`` a tuple, the bound of every pair with all its
+            guesses correct (it depends on the totals only, so callers cache it).
+
+    Returns:
+        :class:`GridBest`; ties go to the more precise pair, then the first (:meth:`GuessCounts.best`).
+
+    >>> inc = np.arange(8) % 2 == 0
+    >>> g = best_guess_pair(scores=inc.astype(float), included=inc, k_pos_grid=[2, 4], k_neg_grid=[0], rng=0,
+    ...                     alpha=0.1, bounds=lambda m, r, v, a: v / r, ceilings=lambda m, r, a: [1.0] * len(r))
+    >>> g.value, g.counts["k_pos"], g.extra["alpha_per_pair"]
+    (1.0, 2, 0.05)
+    """
+    c = one_run_guess_counts(scores=scores, included=included, k_pos_grid=k_pos_grid, k_neg_grid=k_neg_grid,
+                             rng=rng)
+    a_pair = alpha / c.n_pairs
+    values = np.asarray(bounds(c.m, c.r, c.v, a_pair))
+    best = c.best(values)
+    counts, grid = c.record(best)
+    ceiling = float(np.max(ceilings(c.m, tuple(int(x) for x in c.r), a_pair)))
+    return GridBest(value=float(values[best]), ceiling=ceiling, counts=counts, extra={"alpha_per_pair": a_pair, **grid})

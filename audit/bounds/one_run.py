@@ -30,7 +30,7 @@ from scipy import special, stats
 from audit.bounds._search import sup_rejected
 from audit.bounds._validate import check_alpha, check_count, check_counts_le, check_delta
 from audit.bounds.estimate import EpsilonEstimate
-from audit.bounds.guesses import one_run_guess_counts
+from audit.bounds.guesses import best_guess_pair
 
 __all__ = ["one_run_pvalue", "epsilon_one_run", "epsilon_one_run_from_scores", "one_run_epsilon_bounds"]
 
@@ -189,15 +189,11 @@ def epsilon_one_run_from_scores(
     """
     delta = check_delta(delta)
     alpha = check_alpha(alpha)
-    counts = one_run_guess_counts(scores=scores, included=included, k_pos_grid=k_pos_grid,
-                                  k_neg_grid=k_neg_grid, rng=rng)
-    a_pair = alpha / counts.n_pairs
-    eps = one_run_epsilon_bounds(counts.m, counts.r, counts.v, delta, a_pair)
-    ceilings = np.asarray(_ceilings(counts.m, tuple(int(x) for x in counts.r), delta, a_pair))
-    best = counts.best(eps)
-    chosen, grid = counts.record(best)
-    return EpsilonEstimate(method="one_run", epsilon_lb=float(eps[best]), alpha=alpha, delta=delta, counts=chosen,
-                           ceiling=float(max(ceilings.max(), eps[best])), extra={"alpha_per_pair": a_pair, **grid})
+    g = best_guess_pair(scores=scores, included=included, k_pos_grid=k_pos_grid, k_neg_grid=k_neg_grid, rng=rng,
+                        alpha=alpha, bounds=lambda m, r, v, a: one_run_epsilon_bounds(m, r, v, delta, a),
+                        ceilings=lambda m, r, a: _ceilings(m, r, delta, a))
+    return EpsilonEstimate(method="one_run", epsilon_lb=g.value, alpha=alpha, delta=delta, counts=g.counts,
+                           ceiling=max(g.ceiling, g.value), extra=g.extra)
 
 
 @functools.lru_cache(maxsize=128)

@@ -45,7 +45,7 @@ from audit.bounds._search import sup_rejected
 from audit.bounds._validate import check_alpha, check_count, check_counts_le, check_delta, check_nonnegative
 from audit.bounds.estimate import EpsilonEstimate
 from audit.bounds.gdp import GAUSSIAN_ASSUMPTION, eps_from_mu
-from audit.bounds.guesses import one_run_guess_counts
+from audit.bounds.guesses import best_guess_pair
 
 __all__ = ["one_run_fdp_rejects", "mu_one_run_fdp", "epsilon_one_run_fdp", "epsilon_one_run_fdp_from_scores",
            "one_run_fdp_mu_bounds"]
@@ -187,7 +187,7 @@ def epsilon_one_run_fdp(*, m: int, r: int, v: int, delta: float, alpha: float) -
     delta = check_delta(delta, positive=True)
     alpha = check_alpha(alpha)
     mu_lb, mu_ceiling = one_run_fdp_mu_bounds(m, np.array([r, r]), np.array([v, r]), alpha)
-    return _estimate(m=m, mu_lb=float(mu_lb), mu_ceiling=float(mu_ceiling), delta=delta, alpha=alpha,
+    return _estimate(mu_lb=float(mu_lb), mu_ceiling=float(mu_ceiling), delta=delta, alpha=alpha,
                      counts={"m": m, "r": r, "v": v}, extra={})
 
 
@@ -224,18 +224,12 @@ def epsilon_one_run_fdp_from_scores(
     """
     delta = check_delta(delta, positive=True)
     alpha = check_alpha(alpha)
-    c = one_run_guess_counts(scores=scores, included=included, k_pos_grid=k_pos_grid, k_neg_grid=k_neg_grid,
-                             rng=rng)
-    a_pair = alpha / c.n_pairs
-    mus = one_run_fdp_mu_bounds(c.m, c.r, c.v, a_pair)
-    mu_ceilings = np.asarray(_mu_ceilings(c.m, tuple(int(x) for x in c.r), a_pair))
-    best = c.best(mus)
-    counts, grid = c.record(best)
-    return _estimate(m=c.m, mu_lb=float(mus[best]), mu_ceiling=float(mu_ceilings.max()), delta=delta,
-                     alpha=alpha, counts=counts, extra={"alpha_per_pair": a_pair, **grid})
+    g = best_guess_pair(scores=scores, included=included, k_pos_grid=k_pos_grid, k_neg_grid=k_neg_grid, rng=rng,
+                        alpha=alpha, bounds=one_run_fdp_mu_bounds, ceilings=_mu_ceilings)
+    return _estimate(mu_lb=g.value, mu_ceiling=g.ceiling, delta=delta, alpha=alpha, counts=g.counts, extra=g.extra)
 
 
-def _estimate(*, m: int, mu_lb: float, mu_ceiling: float, delta: float, alpha: float, counts: dict[str, int],
+def _estimate(*, mu_lb: float, mu_ceiling: float, delta: float, alpha: float, counts: dict[str, int],
               extra: dict[str, object]) -> EpsilonEstimate:
     eps = eps_from_mu(mu=mu_lb, delta=delta)
     return EpsilonEstimate(method="one_run_fdp", epsilon_lb=eps, alpha=alpha, delta=delta, counts=counts,

@@ -198,6 +198,7 @@ def estimate_at_chosen_threshold(*, scores_in, scores_out, alpha: float, strateg
     ``estimate(fp=, n_neg=, fn=, n_pos=, alpha=, extra=)`` builds the estimate at the per-test α; the result
     reports the overall (family-wise) α, with the per-test α and the threshold in ``extra``.
     """
+    alpha = check_alpha(alpha)
     choice = choose_threshold(scores_in=scores_in, scores_out=scores_out, alpha=alpha, strategy=strategy,
                               bound=bound)
     extra = {"threshold": choice.threshold, "threshold_strategy": choice.strategy,

@@ -27,7 +27,7 @@ from PIL import Image
 
 from foundation.io import fingerprint_arrays
 
-__all__ = ["ImageSet", "check_image_arrays", "to_float_tensor", "fit_image", "resize_images", "concat_sets"]
+__all__ = ["ImageSet", "LabelledImages", "check_image_arrays", "to_float_tensor", "fit_image", "resize_images", "concat_sets"]
 
 RESAMPLE = Image.Resampling.BICUBIC
 
@@ -55,8 +55,51 @@ def check_image_arrays(x: np.ndarray, y: np.ndarray) -> None:
         raise TypeError(f"y must hold integer labels, got {y.dtype}")
 
 
-@dataclass(frozen=True, eq=False)
-class ImageSet:
+class LabelledImages:
+    """What an in-memory :class:`ImageSet` and a file-backed :class:`~training.data.stream.StreamSet` share:
+    rows ``x`` of shape (N, H, W, 3), int64 labels ``y`` (read-only) in ``[0, len(classes))``, the class names
+    ``classes``, and the dataset's ``name`` and ``split``. Subclasses are frozen dataclasses (``repr=False``)."""
+
+    __slots__ = ()
+
+    def _set_labels(self, y: np.ndarray) -> None:
+        """Keep ``y`` as read-only int64 labels and ``classes`` as a tuple of names, once every label names a class.
+
+        Raises:
+            ValueError: a label outside ``[0, len(classes))``.
+        """
+        y = np.asarray(y).astype(np.int64, copy=False)
+        classes = tuple(str(c) for c in self.classes)  # type: ignore[attr-defined]
+        if len(y) and (y.min() < 0 or y.max() >= len(classes)):
+            raise ValueError(f"{type(self).__name__}.y must lie in [0, {len(classes)}), got range "
+                             f"[{y.min()}, {y.max()}]")
+        object.__setattr__(self, "y", _readonly(y))
+        object.__setattr__(self, "classes", classes)
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        x = self.x  # type: ignore[attr-defined]
+        return (f"{type(self).__name__}(name={self.name!r}, split={self.split!r}, n={len(self)}, "  # type: ignore
+                f"image={x.shape[1]}x{x.shape[2]}, classes={len(self.classes)}{self._repr_more()})")  # type: ignore
+
+    def _repr_more(self) -> str:
+        return ""
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (``len(classes)``), which may exceed the labels present."""
+        return len(self.classes)  # type: ignore[attr-defined]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """Shape of one image as a model sees it: (3, H, W)."""
+        return (3, int(self.x.shape[1]), int(self.x.shape[2]))  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ImageSet(LabelledImages):
     """Images and labels of one split of one dataset.
 
     Attributes:
@@ -81,30 +124,8 @@ class ImageSet:
         x = np.asarray(self.x)
         y = np.asarray(self.y)
         check_image_arrays(x, y)
-        y = y.astype(np.int64, copy=False)
-        classes = tuple(str(c) for c in self.classes)
-        if len(y) and (y.min() < 0 or y.max() >= len(classes)):
-            raise ValueError(f"ImageSet.y must lie in [0, {len(classes)}), got range [{y.min()}, {y.max()}]")
+        self._set_labels(y)
         object.__setattr__(self, "x", _readonly(x))
-        object.__setattr__(self, "y", _readonly(y))
-        object.__setattr__(self, "classes", classes)
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-    def __repr__(self) -> str:
-        return (f"ImageSet(name={self.name!r}, split={self.split!r}, n={len(self)}, "
-                f"image={self.x.shape[1]}x{self.x.shape[2]}, classes={len(self.classes)})")
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes (``len(classes)``), which may exceed the labels present."""
-        return len(self.classes)
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """Shape of one image as a model sees it: (3, H, W)."""
-        return (3, int(self.x.shape[1]), int(self.x.shape[2]))
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> ImageSet:
         """The examples at ``indices`` (integer positions, in the given order, or a boolean mask of length N).

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from training.data.imageset import ImageSet
+from training.data.imageset import ImageSet, LabelledImages
 from training.device import is_cuda
 from foundation.errors import DataError
 from foundation.io import ArrayFingerprint
@@ -260,8 +260,8 @@ class _Batches:
             yield np.asarray(b, dtype=np.int64)
 
 
-@dataclass(frozen=True, eq=False)
-class StreamSet:
+@dataclass(frozen=True, eq=False, repr=False)
+class StreamSet(LabelledImages):
     """An :class:`~training.data.ImageSet` whose images stay on disk: labels in memory, ``x`` a :class:`RowArray`.
 
     It offers what the pool and test set are used for (``len``, ``x``, ``y``, ``classes``, ``subset``,
@@ -276,16 +276,10 @@ class StreamSet:
     _memo: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        y = np.asarray(self.y).astype(np.int64, copy=False)
+        y = np.asarray(self.y)
         if y.shape != (len(self.x),):
             raise ValueError(f"y must have shape ({len(self.x)},) to match x, got {y.shape}")
-        classes = tuple(str(c) for c in self.classes)
-        if len(y) and (y.min() < 0 or y.max() >= len(classes)):
-            raise ValueError(f"StreamSet.y must lie in [0, {len(classes)}), got range [{y.min()}, {y.max()}]")
-        view = y.view()
-        view.setflags(write=False)
-        object.__setattr__(self, "y", view)
-        object.__setattr__(self, "classes", classes)
+        self._set_labels(y)
 
     @classmethod
     def from_catalog(cls, catalog: Any, indices: np.ndarray, *, workers: int) -> StreamSet:
@@ -295,20 +289,8 @@ class StreamSet:
         rows = RowArray(fetch=catalog.fetch, src=idx, image_shape=(size, size), workers=workers)
         return cls(x=rows, y=catalog.y[idx], classes=catalog.classes, name=catalog.name, split=catalog.split)
 
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __repr__(self) -> str:
-        return (f"StreamSet(name={self.name!r}, split={self.split!r}, n={len(self)}, "
-                f"image={self.x.shape[1]}x{self.x.shape[2]}, classes={len(self.classes)}, workers={self.x.workers})")
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return (3, *self.x.image_shape)
+    def _repr_more(self) -> str:
+        return f", workers={self.x.workers}"
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> StreamSet:
         """The examples at ``indices`` (positions in order, or a boolean mask of length N), still on disk."""
