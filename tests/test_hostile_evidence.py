@@ -5,7 +5,8 @@ refused in one line (naming the file and the command that re-makes it) or recomp
 (created 0600, refused when others can read it or it is short), and the signature against every edit a vendor
 can make to a JSON or ``.npz`` evidence file (content, identity, signature record, another key). The run-level
 cases (tampered ``scores.npz``, edited ``attack.json``/``epsilon.json``, a stale claim, vendor shadows and
-signals, symbolic links) are in ``test_hostile_runs.py``, ``test_gate.py`` and ``test_shadows.py``.
+signals, symbolic links) are in ``test_hostile_claims.py``, ``test_hostile_writes.py``, ``test_gate.py`` and
+``test_shadows.py``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Hostile inputs, part 1: configs, datasets and weights files a careless user or a dishonest vendor hands over.
 
-This file and tests/test_hostile_runs.py (run directories, checkpoints, claims, code named by a run) are the
-regression suite of issue 11: every bad input must end the same way (:func:`hostile_common.assert_error`): exit
-code 2, one line on stderr starting with ``error:`` that names the problem, no traceback, no half-written output,
-and no code from the input ever runs (:class:`hostile_common.Payload` writes a marker file when unpickled). Cases
+This file and tests/test_hostile_runs.py (run directories and checkpoints; with test_hostile_claims.py,
+test_hostile_reports.py, test_hostile_writes.py, test_hostile_disk.py, test_hostile_code.py and
+test_hostile_evidence.py) are the regression suite of issue 11: every bad input must end the same way
+(:func:`hostile_common.assert_error`): exit code 2, one line on stderr starting with ``error:`` that names the
+problem, no traceback, no half-written output, and no code from the input ever runs (:class:`hostile_common.Payload` writes a marker file when unpickled). Cases
 tested in detail elsewhere are indexed in :data:`test_hostile_runs.ELSEWHERE`.
 """
 
