@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "epsilon": ("epsilon", "Empirical epsilon lower bounds and the verdict on a run's claim."),
     "transfer": ("transfer", "Downstream transfer (linear probe, k-NN, fine-tuning) of a run's model."),
     "report": ("report", "The compliance report of a run (HTML, Markdown, JSON; --pdf)."),
-    "gate": ("gate", "CI regression gate: candidate vs baseline under a policy (exit 0/1/2)."),
+    "gate": ("gate", "CI regression gate: candidate vs baseline under a policy (exit 0 pass, 1 fail, 3 unverifiable)."),
     "run": ("run", "Train, attack, estimate epsilon, transfer and report for every variant of a config."),
     "canaries": ("canaries", "Auditor canaries for a vendor's model: make the package and the commitment."),
     "mechanism": ("mechanism", "Tight audit of the DP-SGD mechanism implementation with Dirac gradient canaries."),

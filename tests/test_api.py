@@ -98,3 +98,22 @@ def test_mapping_overrides_are_typed_not_reparsed(monkeypatch):
         (("output_dir",), False), (("name",), 1), (("data", "root"), "/data/set"), (("x",), {"a": "b"}))
     with pytest.raises(Exception, match="name"):  # the --set form of name=01 is an int, which the config refuses
         load_run_config(ROOT / "eval_configs" / "quickstart_train.yaml", ["name=01"])
+
+
+def test_public_functions_have_real_signatures_docstrings_and_help():
+    """audit.train / attack / epsilon / report / gate (and the mechanism audits) are plain functions: named
+    parameters (no ``*args, **kwargs`` of a callable module), a docstring, ``help()`` that shows the function; no
+    module of the ``audit`` package bears one of their names (importing it would shadow the function)."""
+    import inspect
+    import pkgutil
+    import pydoc
+
+    names = ("train", "attack", "epsilon", "report", "gate", "audit_mechanism", "audit_opacus_mechanism")
+    for name in names:
+        fn = getattr(audit, name)
+        assert inspect.isfunction(fn), f"audit.{name} is a {type(fn).__name__}"
+        params = inspect.signature(fn).parameters.values()
+        assert params and not [p for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)], name
+        assert fn.__doc__ and f"{name}(" in pydoc.render_doc(fn, renderer=pydoc.plaintext), name
+    assert list(inspect.signature(audit.epsilon).parameters)[:3] == ["run", "alpha", "sources"]
+    assert not {m.name for m in pkgutil.iter_modules(audit.__path__)} & set(names)

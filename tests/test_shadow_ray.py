@@ -89,9 +89,9 @@ def payload(tmp_path_factory):
     code.mkdir()
     markers.mkdir()
     (code / f"{PAYLOAD}.py").write_text(PAYLOAD_SOURCE.format(markers=str(markers)))
-    sys.path.insert(0, str(code))
-    yield code, markers
-    sys.path.remove(str(code))
+    with pytest.MonkeyPatch.context() as mp:  # the user's code importable for this module's tests, then not
+        mp.syspath_prepend(str(code))
+        yield code, markers
     sys.modules.pop(PAYLOAD, None)
 
 

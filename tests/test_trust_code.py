@@ -68,16 +68,16 @@ def vendor(tmp_path_factory):
            "training": {"steps": 3, "batch_size": 8, "progress": False, "log_every": 100, "checkpoint_every": 100,
                         "canaries": {"count": 8, "kind": "ood"}}}
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
-    sys.path.insert(0, str(code_dir))
-    try:
-        res = CliRunner().invoke(main, ["train", str(root / "config.yaml"), "--no-progress"])
-        assert res.exit_code == 0, res.output  # audit train: the user's own config is trusted
-        assert (markers / "called").exists()
-        _forget_payload(markers)
-        yield root / "runs" / "vendor", markers
-    finally:
-        sys.path.remove(str(code_dir))
-        _forget_payload(markers)
+    with pytest.MonkeyPatch.context() as mp:  # the user's code importable for this module's tests, then not
+        mp.syspath_prepend(str(code_dir))
+        try:
+            res = CliRunner().invoke(main, ["train", str(root / "config.yaml"), "--no-progress"])
+            assert res.exit_code == 0, res.output  # audit train: the user's own config is trusted
+            assert (markers / "called").exists()
+            _forget_payload(markers)
+            yield root / "runs" / "vendor", markers
+        finally:
+            _forget_payload(markers)
 
 
 @pytest.fixture
