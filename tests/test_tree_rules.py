@@ -15,7 +15,8 @@ def test_no_test_edits_sys_path():
     """A test that needs a user's module importable uses pytest's ``monkeypatch.syspath_prepend`` (undone after
     it); none adds a project folder (benchmarks/, examples/) to the path."""
     tests = [p for p in sorted((ROOT / "tests").glob("*.py")) if p.name != Path(__file__).name]  # not its examples
-    edits = [f"{path.name}:{n}" for path in tests for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if _SYS_PATH_EDIT.search(line)]
+    edits = [f"{path.name}:{n}" for path in tests
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if _SYS_PATH_EDIT.search(line)]
     assert not edits, edits
 
 
