@@ -69,13 +69,33 @@ class AuditGroup(click.Group):
             click.echo(f"interrupted: outputs written so far are complete; {resume_hint(ctx.invoked_subcommand)}",
                        err=True)
             sys.exit(130)
-        except MemoryError:
-            click.echo("error: out of memory; lower data.image_size, data.pool_size or training.physical_batch_size "
-                       "(attacks: attack.signal_batch_size, attack.max_models_per_batch)", err=True)
+        except (MemoryError, RuntimeError) as exc:  # torch reports a failed allocation as a RuntimeError
+            if not isinstance(exc, MemoryError) and not is_out_of_memory(exc):
+                raise
+            click.echo(f"error: {OUT_OF_MEMORY}", err=True)
             sys.exit(2)
         except OSError as exc:
             click.echo(f"error: {os_error_message(exc)}", err=True)
             sys.exit(2)
+
+
+OUT_OF_MEMORY = ("out of memory; lower data.image_size, data.pool_size or training.physical_batch_size (attacks: "
+                 "attack.signal_batch_size, attack.max_models_per_batch), or run where more memory is free")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed allocation: ``MemoryError``, or the ``RuntimeError`` torch raises for one (CPU
+    "can't allocate memory", CUDA/MPS "out of memory").
+
+    >>> is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"))
+    True
+    >>> is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    False
+    """
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
 def resume_hint(command: str | None) -> str:
@@ -97,15 +117,20 @@ def os_error_message(exc: OSError) -> str:
     >>> import errno
     >>> os_error_message(OSError(errno.ENOSPC, "No space left on device", "/r/model.safetensors"))
     'no space left on device writing /r/model.safetensors; free disk space or choose another output_dir, then re-run'
+    >>> os_error_message(OSError(errno.EIO, "Input/output error", "/r/epsilon.json"))
+    'Input/output error on /r/epsilon.json; check the disk (space, permissions, health), then re-run'
     """
     where = f" {exc.filename}" if exc.filename else ""
-    if exc.errno == errno.ENOSPC:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"no space left on device writing{where}; free disk space or choose another output_dir, then re-run"
+    if exc.errno == errno.EFBIG:
+        return (f"file too large writing{where} ({exc.strerror}); choose an output_dir on a file system that allows "
+                "larger files, then re-run")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"permission denied on{where or ' a file'} ({exc.strerror}); choose a writable output directory"
     if exc.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
         return f"{exc.strerror}:{where}; a path that should be a directory is a file (or the reverse)"
-    return f"{exc.strerror or exc}{':' + where if where else ''}"
+    return f"{exc.strerror or exc} on{where or ' a file'}; check the disk (space, permissions, health), then re-run"
 
 
 @click.group(cls=AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})

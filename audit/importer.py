@@ -33,7 +33,7 @@ from training.config import ModelConfig
 from training.data import concat_sets
 from foundation.errors import CheckpointError, ConfigError, DataError
 from training.evaluate import accuracy
-from foundation.io import check_output_dir, remove_run_dir, sha256_file, write_json
+from foundation.io import all_or_nothing, check_output_dir, remove_run_dir, sha256_file, write_json
 from training.models import build_model, load_weights_file
 from training.run import IMPORT_FILE, is_complete
 from training.run.imported import IMPORT_FORMAT, combine_import_sets, load_source
@@ -170,21 +170,22 @@ def import_checkpoint(*, weights: str | os.PathLike[str], arch: str, members: di
                "note": "train = accuracy on the members, test = accuracy on every non-member (pool and population)"}
     if (out.exists() or out.is_symlink()) and overwrite:
         remove_run_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    same_dataset = members["dataset"] == nonmembers["dataset"] and members.get("root") == nonmembers.get("root")
-    record = {"format": IMPORT_FORMAT,
-              "members": {**members, "n": len(member_set), "fingerprint": member_set.fingerprint()},
-              "nonmembers": {**nonmembers, "n": len(nonmember_set), "fingerprint": nonmember_set.fingerprint()},
-              "population": {"n": int(held.size), "seed": int(seed), "indices": held.tolist()},
-              "weights": {"source": str(weights), "sha256": sha256_file(weights)}}
-    write_json(out / IMPORT_FILE, record)
-    manifest = write_run(
-        out, run_name=out.name, model=mcfg, module=module.to("cpu"), num_classes=n_classes,
-        input_shape=pool.input_shape,
-        notes=notes + [f"imported from {weights} (sha256 {record['weights']['sha256'][:12]}...)"],
-        data=members, pool_fingerprint=pool.fingerprint(), membership=membership, membership_scheme="explicit",
-        nonmember_split=nonmembers["split"] if same_dataset else f"{nonmembers['dataset']}:{nonmembers['split']}",
-        privacy=privacy, metrics=metrics, training={"recipe": "external", "test_accuracy": metrics["test_accuracy"],
-                                                    "train_accuracy": metrics["train_accuracy"]},
-        command=command, device=str(dev))
-    return ImportResult(run_dir=out, manifest=manifest, metrics=metrics, n_population=int(held.size))
+    with all_or_nothing(out):  # a failed write (a full disk) leaves no run directory without its manifest
+        out.mkdir(parents=True, exist_ok=True)
+        same_dataset = members["dataset"] == nonmembers["dataset"] and members.get("root") == nonmembers.get("root")
+        record = {"format": IMPORT_FORMAT,
+                  "members": {**members, "n": len(member_set), "fingerprint": member_set.fingerprint()},
+                  "nonmembers": {**nonmembers, "n": len(nonmember_set), "fingerprint": nonmember_set.fingerprint()},
+                  "population": {"n": int(held.size), "seed": int(seed), "indices": held.tolist()},
+                  "weights": {"source": str(weights), "sha256": sha256_file(weights)}}
+        write_json(out / IMPORT_FILE, record)
+        manifest = write_run(
+            out, run_name=out.name, model=mcfg, module=module.to("cpu"), num_classes=n_classes,
+            input_shape=pool.input_shape,
+            notes=notes + [f"imported from {weights} (sha256 {record['weights']['sha256'][:12]}...)"],
+            data=members, pool_fingerprint=pool.fingerprint(), membership=membership, membership_scheme="explicit",
+            nonmember_split=nonmembers["split"] if same_dataset else f"{nonmembers['dataset']}:{nonmembers['split']}",
+            privacy=privacy, metrics=metrics, training={"recipe": "external", "test_accuracy": metrics["test_accuracy"],
+                                                        "train_accuracy": metrics["train_accuracy"]},
+            command=command, device=str(dev))
+        return ImportResult(run_dir=out, manifest=manifest, metrics=metrics, n_population=int(held.size))

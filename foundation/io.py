@@ -22,6 +22,7 @@ from foundation.files import RUN_DIR_MARKERS
 
 __all__ = [
     "atomic_path",
+    "all_or_nothing",
     "waiting_lock",
     "write_text",
     "write_json",
@@ -77,6 +78,50 @@ def atomic_path(path: str | os.PathLike[str], *, mode: int | None = None) -> Ite
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def all_or_nothing(directory: str | os.PathLike[str], *, files: tuple[str | os.PathLike[str], ...] = ()
+                   ) -> Iterator[Path]:
+    """Files written in the block form one unit: if it raises (a full disk, an interrupt), none of them is left.
+
+    Everything the block added to ``directory`` is removed, and so are ``files`` (written in the block, possibly
+    over older versions: a unit mixing old and new files is worse than none), and ``directory`` itself when the
+    block created it. Removal is best effort (on a read-only file system nothing was written anyway). Each file is
+    still written atomically (:func:`atomic_path`); this makes the set atomic for its readers: ``audit import``'s
+    run directory, ``audit canaries make``'s kit.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()) / "run"
+    >>> try:
+    ...     with all_or_nothing(d):
+    ...         _ = write_text(d / "weights", "x")
+    ...         raise OSError(28, "No space left on device")
+    ... except OSError:
+    ...     pass
+    >>> d.exists()
+    False
+    """
+    directory = Path(directory)
+    created = not directory.exists() and not directory.is_symlink()
+    before = set() if created or not directory.is_dir() else set(os.listdir(directory))
+    try:
+        yield directory
+    except BaseException:
+        import shutil
+
+        if directory.is_dir() and not directory.is_symlink():
+            for name in set(os.listdir(directory)) - before:
+                entry = directory / name
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            for f in files:
+                with contextlib.suppress(OSError):
+                    Path(f).unlink(missing_ok=True)
+            if created:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+        raise
 
 
 @contextlib.contextmanager

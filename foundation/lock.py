@@ -97,8 +97,13 @@ def _try_create(path: Path, record: dict[str, Any]) -> bool:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+    except BaseException:  # a full disk: no half-written lock left to block or confuse the next writer
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
     return True
 
 

@@ -43,7 +43,7 @@ from training.canary_package import HEX64, write_package
 from training.input_canaries import noise_images
 from foundation.errors import CheckpointError, UserError
 from foundation.files import CANARY_PACKAGE_FILE, CANARY_SECRET_FILE, COMMITMENT_FILE
-from foundation.io import atomic_path, fingerprint_arrays, sha256_file, write_text
+from foundation.io import all_or_nothing, atomic_path, fingerprint_arrays, sha256_file, write_text
 
 __all__ = ["SECRET_FORMAT", "KINDS", "CanarySecret", "make_canaries", "content_digest", "commitment_of",
            "verify_secret", "write_canaries", "read_secret"]
@@ -201,15 +201,16 @@ def write_canaries(out_dir: str | os.PathLike[str], secret: CanarySecret, *,
     if not overwrite and any(p.exists() for p in paths.values()):
         raise UserError(f"{out} already holds canary files; choose another --out (a new secret needs a new "
                         "commitment) or pass --overwrite")
-    write_package(paths["package"], x=secret.package_x, y=secret.package_y, kind=secret.kind,
-                  num_classes=secret.num_classes, commitment=secret.commitment)
-    secret = dataclasses.replace(secret, package_sha256=sha256_file(paths["package"]))
-    meta = {**secret.meta(), "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    with atomic_path(paths["secret"], mode=0o600) as tmp:  # the bits and seed: owner only
-        with open(tmp, "wb") as fh:
-            np.savez(fh, x=secret.x, y=secret.y, included=secret.included, package_order=secret.package_order,
-                     meta=np.array(json.dumps(meta, sort_keys=True)))
-    write_text(paths["commitment"], secret.commitment + "\n")
+    with all_or_nothing(out, files=tuple(paths.values())):  # a kit is whole or absent: a package without its secret
+        write_package(paths["package"], x=secret.package_x, y=secret.package_y, kind=secret.kind,
+                      num_classes=secret.num_classes, commitment=secret.commitment)
+        secret = dataclasses.replace(secret, package_sha256=sha256_file(paths["package"]))
+        meta = {**secret.meta(), "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        with atomic_path(paths["secret"], mode=0o600) as tmp:  # the bits and seed: owner only
+            with open(tmp, "wb") as fh:
+                np.savez(fh, x=secret.x, y=secret.y, included=secret.included, package_order=secret.package_order,
+                         meta=np.array(json.dumps(meta, sort_keys=True)))
+        write_text(paths["commitment"], secret.commitment + "\n")
     return paths
 
 
