@@ -127,6 +127,25 @@ def test_forged_claims_are_violations(run, forge, pattern):
     assert data["verdict"]["findings"][0]["severity"] == "error"
 
 
+def test_a_claim_at_delta_one_half_is_a_violation_and_fails_the_default_gate(tmp_path):
+    """δ = 0.5 (σ tuned for it: ε = 0 follows from the mechanism) lets a model publish whole training examples:
+    audit epsilon says VIOLATION with the finding claim_delta_above_1_over_n (printed), the default gate FAILs."""
+    r = cli("train", write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs", **{"privacy.delta": 0.5}), "--no-progress")
+    assert r.exit_code == 0 and "privacy.delta=0.5 >= 1/n" in r.output, r.output
+    loose = tmp_path / "runs" / "tiny"
+    assert cli("attack", loose, *ATTACK_ARGS).exit_code == 0
+    r = cli("epsilon", loose, "--sources", "pool", "--attack", "loss")
+    assert r.exit_code == 0, r.output
+    verdict = json.loads((loose / "epsilon.json").read_text())["verdict"]
+    assert verdict["status"] == "VIOLATION"
+    assert [f["kind"] for f in verdict["findings"]] == ["claim_delta_above_1_over_n"]
+    assert re.search(r"finding \(error, claim_delta_above_1_over_n\): claimed δ = 0\.5 exceeds 1/n",
+                     r.output), r.output
+    policy = Path(__file__).resolve().parents[1] / "eval_configs" / "gates" / "default.yaml"
+    r = cli("gate", loose, loose, "--policy", policy, "--out", tmp_path / "gate.json")
+    assert r.exit_code == 1 and json.loads((tmp_path / "gate.json").read_text())["status"] == "FAIL", r.output
+
+
 def test_honest_claim_passes_the_claim_check(run):
     r = cli("epsilon", run, "--sources", "pool", "--attack", "loss")
     assert r.exit_code == 0, r.output

@@ -171,6 +171,13 @@ def test_a_rename_that_fails_is_one_line(run, tmp_path, monkeypatch, name):
              pattern=r"Input/output error on .*; check the disk")
 
 
+@pytest.mark.parametrize("name", ["train", "epsilon"])
+def test_a_file_too_large_is_one_line(run, tmp_path, monkeypatch, name):
+    """EFBIG (a file over the file system's size limit) at the first write: a traceback before issue 37."""
+    _faulted(monkeypatch, name, tmp_path / "w", run, stage="write", code=errno.EFBIG, at=1,
+             pattern=r"file too large writing .*; choose an output_dir on a file system that allows larger files")
+
+
 def test_a_lock_whose_write_fails_is_not_left_behind(run, monkeypatch):
     """A full disk while writing the run lock itself (no fsync there): one line, and no half-written ``.lock``
     left to confuse the next writer."""

@@ -24,7 +24,8 @@ def _counts(counts: dict) -> str:
 @click.option("--sources", default=None, metavar="LIST",
               help="comma-separated: pool,input_canaries,gradient_canaries,multi_run,auditor_canaries (default: all "
                    "but multi_run, which trains models, and auditor_canaries, which needs --canaries)")
-@click.option("--attack", default=None, help="attack in scores.npz that scores the pool (default strongest: the first of rmia_online, "
+@click.option("--attack", default=None,
+              help="attack in scores.npz that scores the pool (default strongest: the first of rmia_online, "
                    "lira_online, rmia_offline, lira_offline, attack_p, loss that scores.npz holds)")
 @click.option("--guesses", type=click.Choice(["in", "in_out"]), default=None,
               help="one-run guesses: top-k IN only, or also bottom-k OUT")
@@ -66,6 +67,8 @@ def command(run_dir: str, alpha: float | None, sources: str | None, attack: str 
     for entry in report.power:  # stated from m, α and the grid before the scores were read; in epsilon.json
         click.echo(entry.statement)
     v = report.verdict
+    for f in v.findings:  # why a claim fails whatever the bounds say (the claim check, the evidence files)
+        click.echo(f"finding ({f.severity}, {f.kind}): {f.message}")
     best = (f"best ε_lb = {v.best_epsilon_lb:.3f} ({v.best_source}/{v.best_method})" if v.best_method
             else "no bound")
     line = f"{v.status}: {best}, claimed ε = {_fmt(report.claimed_epsilon)}"
