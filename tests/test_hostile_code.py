@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hostile_common import ATTACK_ARGS, Payload, assert_error, cli, edit_json, write_cfg
+from hostile_common import ATTACK_ARGS, Payload, assert_error, cli, edit_json, rehash, write_cfg
 
 from foundation.io import save_safetensors
 
@@ -240,6 +240,21 @@ def test_a_received_config_asking_to_download_never_downloads(tmp_path, download
         r = cli("report", run)
         assert r.exit_code == 0 and "could not be re-loaded" in (run / "report.html").read_text(), r.output
     assert downloads == [] and not data.exists()  # nothing fetched, not even the folder re-created
+
+
+@pytest.mark.parametrize("command", ["attack", "transfer"])
+def test_a_hub_architecture_is_refused_even_with_trust_code(run, downloads, tmp_path, command):
+    """--trust-code trusts code the run names, never a download (issue 37: hf-hub: was accepted with it)."""
+    arch = "hf-hub:timm/resnet18.a1_in1k"
+    edit_json(run / "manifest.json", lambda m: m["model"].__setitem__("arch", arch))
+    _yaml_edit(run / "config.yaml", lambda c: c["model"].__setitem__("arch", arch))
+    rehash(run, "config.yaml")  # a consistent forgery: only the architecture check can stop it
+    before = sorted(p.name for p in run.iterdir())
+    args = {"attack": ["attack", run, *ATTACK_ARGS],
+            "transfer": ["transfer", run, "--suite", _suite(tmp_path)]}[command]
+    assert_error(cli(*args, "--trust-code"), r"model\.arch 'hf-hub:timm/resnet18\.a1_in1k' asks timm to fetch a "
+                                             r"model from hf-hub; dp-audit never downloads")
+    assert downloads == [] and sorted(p.name for p in run.iterdir()) == before
 
 
 # ------------------------------------------------------------------------------------------ audit import

@@ -16,6 +16,8 @@ from fixtures_runs import make_run, update_json
 from hostile_common import assert_error, cli, rehash
 from hostile_runs_common import put_key, run_fixtures
 
+from foundation.io import read_json, sha256_file, write_json
+
 base, run = run_fixtures()
 
 
@@ -23,6 +25,17 @@ base, run = run_fixtures()
 
 def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
+
+
+def _swap_weights_and_forge_identity(run: Path) -> None:
+    """Unloadable weights swapped in (the manifest's sha256 fixed) and attack.json's identity rewritten to match
+    them, its evidence record included: what a vendor would do to keep a good attack.json for other weights."""
+    _write(run / "model.safetensors", b"not a model at all")
+    rehash(run)
+    digest = sha256_file(run / "model.safetensors")
+    data = read_json(run / "attack.json")
+    data["inputs"]["weights_sha256"] = data["evidence"]["identity"]["weights_sha256"] = digest
+    write_json(run / "attack.json", data)
 
 
 PAYLOAD = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -84,8 +97,9 @@ def test_mathtext_in_names_renders_literally(tmp_path):
      r"epsilon\.json is stale: it was made for another membership_sha256, pool_fingerprint .*'audit epsilon "),
     (lambda r: update_json(r, "attack.json", lambda a: a.__setitem__("inputs", {})),
      r"attack\.json was not made for this run \(weights_sha256 None"),
+    (_swap_weights_and_forge_identity, r"attack\.json is not signed by this auditor's evidence key.*'audit attack "),
 ], ids=["attack-not-json", "attack-format", "epsilon-list", "manifest-not-json", "weights-changed-after-attack",
-        "epsilon-of-another-run", "attack-without-inputs"])
+        "epsilon-of-another-run", "attack-without-inputs", "attack-identity-forged"])
 @pytest.mark.parametrize("command", ["report", "gate"])
 def test_report_and_gate_refuse_corrupt_result_files(tmp_path, damage, pattern, command):
     run = make_run(tmp_path / "r")
