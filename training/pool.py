@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from training.data.stream import StreamSet, is_streamed
 from training.input_canaries import canary_rng, noise_images, pick_sources, wrong_labels
 from foundation.errors import DataError
 
-__all__ = ["Pool", "build_pool", "draw_membership", "make_canaries"]
+__all__ = ["Pool", "build_pool", "draw_membership", "make_canaries", "membership_mask"]
 
 
 @dataclass(frozen=True)
@@ -143,3 +144,21 @@ def build_pool(cfg: TrainConfig, *, canary_package: str | os.PathLike[str] | Non
         images = _append(images, cx, cy)
         canaries = {**desc, "first_index": n_real, "inclusion": "bernoulli(1/2) via the membership mask"}
     return Pool(images=images, test=test, n_real=n_real, canaries=canaries, package=package, split=rows)
+
+
+def membership_mask(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, dict[str, Any]]:
+    """The membership mask ``cfg`` draws over ``pool`` (what training samples from) and how it was drawn
+    (:func:`training.run.write_run`'s ``membership_*`` arguments)."""
+    n = len(pool.images)
+    if cfg.data.audit_split:
+        mask = draw_membership(n, p=cfg.data.member_prob, seed=cfg.data.membership_seed)
+        if pool.auditor_canaries:  # the auditor drew the canaries' inclusion: its whole package is trained on
+            mask[pool.n_real:] = True
+        info = {"membership_scheme": "bernoulli", "member_p": cfg.data.member_prob,
+                "membership_seed": cfg.data.membership_seed}
+    else:
+        mask = np.ones(n, dtype=bool)
+        if pool.n_canaries and not pool.auditor_canaries:  # generated canaries: IN with probability 1/2
+            mask[pool.n_real:] = draw_membership(pool.n_canaries, p=0.5, seed=cfg.data.membership_seed)
+        info = {"membership_scheme": "all", "membership_seed": cfg.data.membership_seed}
+    return mask, info

@@ -29,7 +29,7 @@ from foundation.errors import CheckpointError, UserError
 from foundation.io import (check_output_dir, copy_file, read_json, remove_run_dir, sha256_bytes, sha256_file, write_npy,
                            write_text)
 from training.models import count_parameters
-from training.pool import Pool, build_pool, draw_membership
+from training.pool import Pool, build_pool, membership_mask
 from training.progress import TrainLogger
 from training.dp.rng import secret_seed
 from training.device import rank_device, resolve_device
@@ -93,23 +93,6 @@ def _complete(run_dir: Path, membership: np.ndarray | None) -> TrainResult:
         if stored.shape != membership.shape or not bool((stored == membership).all()):
             raise CheckpointError(f"{run_dir} holds a finished run with another membership mask; pass --overwrite")
     return TrainResult(run_dir, read_manifest(run_dir), _read_metrics(run_dir), already_complete=True)
-
-
-def _membership(cfg: TrainConfig, pool: Pool) -> tuple[np.ndarray, dict[str, Any]]:
-    """The membership mask and how it was drawn (:func:`training.run.write_run`'s ``membership_*`` arguments)."""
-    n = len(pool.images)
-    if cfg.data.audit_split:
-        mask = draw_membership(n, p=cfg.data.member_prob, seed=cfg.data.membership_seed)
-        if pool.auditor_canaries:  # the auditor drew the canaries' inclusion: its whole package is trained on
-            mask[pool.n_real:] = True
-        info = {"membership_scheme": "bernoulli", "member_p": cfg.data.member_prob,
-                "membership_seed": cfg.data.membership_seed}
-    else:
-        mask = np.ones(n, dtype=bool)
-        if pool.n_canaries and not pool.auditor_canaries:  # generated canaries: IN with probability 1/2
-            mask[pool.n_real:] = draw_membership(pool.n_canaries, p=0.5, seed=cfg.data.membership_seed)
-        info = {"membership_scheme": "all", "membership_seed": cfg.data.membership_seed}
-    return mask, info
 
 
 def train(cfg: TrainConfig, *, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
@@ -187,7 +170,7 @@ def _train(cfg: TrainConfig, *, run_dir: Path, resume: bool, overwrite: bool, me
             raise UserError(f"membership mask has shape {mask.shape}, the pool has {len(pool.images)} examples")
         mem_info = {"membership_scheme": "explicit"}
     else:
-        mask, mem_info = _membership(cfg, pool)
+        mask, mem_info = membership_mask(cfg, pool)
     members = np.flatnonzero(mask)
     n = len(members)
     if n == 0:

@@ -178,6 +178,8 @@ class OpacusAuditor:
             raise ValueError(f"data_loader has {n_batches} batches (q = {self.sample_rate:.6g}) but the engine "
                              f"accounts q = {hooked:.6g}: pass the data loader make_private returned")
         self.poisson = isinstance(data_loader, DPDataLoader)
+        self.loader_sample_rate = float(getattr(data_loader.batch_sampler, "sample_rate", self.sample_rate)) \
+            if self.poisson else self.sample_rate
         self.loader_dataset = data_loader.dataset
         self.n_examples = len(data_loader.dataset)
         if input_canaries is not None and data_loader.dataset is not input_canaries:
@@ -285,6 +287,51 @@ class OpacusAuditor:
                              overwrite=overwrite)
         self._finished = True
         return AuditedRun(self.run_dir, manifest)
+
+    def audit_mechanism(self, optimizer_factory: Any = None, *, sampler_factory: Any = None, trials: int = 20_000,
+                        canaries_per_run: int = 2000, alpha: float = 0.05, seed: int = 0) -> Any:
+        """Tight audit of this script's DP-SGD implementation (:mod:`audit.mechanism`) against the run's claim,
+        after :meth:`finish`: Dirac gradient canaries through the script's optimizer and sampling, judged against
+        the recorded (ε, δ) at the recorded σ, q, T; writes ``mechanism.json`` into the run directory (signed,
+        bound to the run's claim), which ``audit report`` shows.
+
+        Args:
+            optimizer_factory: ``params -> DPOptimizer`` built as the script builds it; default
+                :func:`~audit.mechanism.opacus_target.same_optimizer` of the script's optimizer (its class and
+                overrides, base optimizer, σ, C, expected batch size; flat clipping).
+            sampler_factory: ``(num_samples, generator) -> batches``; default what the script's loader does:
+                Opacus's Poisson sampler at the loader's own rate (a ``DPDataLoader``) or shuffled batches.
+            trials, canaries_per_run, alpha, seed: as :func:`audit.mechanism.api.audit_opacus_mechanism`.
+
+        Returns:
+            The :class:`~audit.mechanism.result.MechanismResult`.
+
+        Raises:
+            ValueError: :meth:`finish` has not written the run, or the claim has several DP phases.
+            UserError: the optimizer cannot be rebuilt (pass ``optimizer_factory``) or an argument is out of range.
+        """
+        from audit.mechanism.opacus_target import (audit_opacus_mechanism, opacus_sampler, same_optimizer,
+                                                   shuffle_sampler)
+        from training.accounting import ACCOUNTANTS
+        from training.run.manifest import read_manifest
+
+        if not self._finished:
+            raise ValueError("call auditor.finish(model) first: the mechanism is audited against the run's claim")
+        p = read_manifest(self.run_dir).privacy
+        phases = [ph for ph in p.phases if ph.dp]
+        if len(phases) != 1 or p.epsilon is None:
+            raise ValueError(f"the run's claim has {len(phases)} DP phases (σ, q or C changed while training); "
+                             "audit each with audit.audit_opacus_mechanism(...)")
+        ph = phases[0]
+        if sampler_factory is None:
+            rate = self.loader_sample_rate
+            sampler_factory = opacus_sampler(rate) if self.poisson else shuffle_sampler(rate)
+        return audit_opacus_mechanism(
+            optimizer_factory=optimizer_factory or same_optimizer(self.optimizer), sampler_factory=sampler_factory,
+            sample_rate=float(ph.sample_rate), steps=int(ph.steps), delta=float(p.delta), trials=trials,
+            canaries_per_run=canaries_per_run, alpha=alpha, seed=seed,
+            accountant=p.accountant if p.accountant in ACCOUNTANTS else "prv",
+            noise_multiplier=float(ph.noise_multiplier), claimed_epsilon=float(p.epsilon), run_dir=self.run_dir)
 
     def __repr__(self) -> str:
         return (f"OpacusAuditor(run_dir={str(self.run_dir)!r}, canaries={self.canaries!r}, "

@@ -1,8 +1,8 @@
 """Run the project's own DP-SGD engine on the probe and return what the auditor observes.
 
 One run trains :class:`~audit.mechanism.probe.Probe` with m Dirac canaries for T steps through exactly the code a
-real run uses: :func:`training.dp.engine.make_stepper` (Opacus hooks or book-keeping, flat / per-layer /
-automatic clipping, the noise generator, scaling by the expected batch size, the SGD update) and the Poisson
+real run uses: :func:`training.dp.engine.make_stepper` (every ``grad_sample_mode``: Opacus hooks, functorch,
+ghost clipping, book-keeping, the fused step; flat / per-layer / automatic clipping where the engine offers it, the noise generator, scaling by the expected batch size, the SGD update) and the Poisson
 sampler of :func:`training.dp.sampling.make_sampler`. Half of the canaries (chosen by the seed) are the data
 set; the others never are. After every step the weights are read and turned into the noisy sum along each
 canary's direction (:func:`~audit.mechanism.probe.read_sums`). Each canary is one trial: it owns its
@@ -26,7 +26,7 @@ from audit.mechanism.scoring import alternating_signs
 __all__ = ["EngineSpec", "Observations", "engine_observations"]
 
 CLIPPINGS = ("flat", "per_layer", "automatic")
-ENGINES = ("hooks", "bk")
+ENGINES = ("hooks", "bk", "functorch", "ghost", "fused")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,8 +39,11 @@ class EngineSpec:
         steps: T ≥ 1.
         max_grad_norm: C > 0.
         clipping: ``flat``, ``per_layer`` or ``automatic``.
-        grad_sample_mode: ``hooks`` (Opacus) or ``bk`` (book-keeping).
+        grad_sample_mode: ``hooks``, ``functorch``, ``ghost`` (Opacus), ``bk`` (book-keeping) or ``fused``; a
+            clipping style the engine does not offer is refused by :func:`~training.dp.engine.make_stepper`.
         canaries: m per run, even, ≥ 2 (half of them members).
+        sampling: ``poisson`` (what the claim assumes) or ``shuffle`` (fixed-size batches of a shuffled epoch),
+            the batch sampler a run with ``privacy.sampling`` set so uses.
     """
 
     noise_multiplier: float
@@ -50,8 +53,11 @@ class EngineSpec:
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
     canaries: int = 2000
+    sampling: str = "poisson"
 
     def __post_init__(self) -> None:
+        if self.sampling not in ("poisson", "shuffle"):
+            raise ValueError(f"sampling must be poisson or shuffle, got {self.sampling!r}")
         if self.clipping not in CLIPPINGS:
             raise ValueError(f"clipping must be one of {', '.join(CLIPPINGS)}, got {self.clipping!r}")
         if self.grad_sample_mode not in ENGINES:
@@ -119,7 +125,7 @@ def engine_observations(spec: EngineSpec, *, seed: int, mutant: str | None = Non
     if mutant is not None:
         apply_mutant(stepper, mutant)
     real_batch = min(n, int(round(B * RATE_SCALE.get(mutant, 1.0))))
-    sampler = make_sampler(sampling="poisson", n=n, batch_size=real_batch, seed=int(rng.integers(2**31)))
+    sampler = make_sampler(sampling=spec.sampling, n=n, batch_size=real_batch, seed=int(rng.integers(2**31)))
     signs = alternating_signs(spec.steps)
     x = np.empty((m, spec.steps))
     try:
