@@ -1,6 +1,6 @@
 """Hostile inputs: where the auditor writes. A lock shipped with a run never blocks the auditor, a lock it took
-does, and a symbolic link it did not create is never written through. See tests/test_hostile_runs.py for the
-suite's index.
+does, and a symbolic link it did not create (shadows/, features/) is never written through. See
+tests/test_hostile_runs.py for the suite's index.
 """
 
 from __future__ import annotations
@@ -68,3 +68,19 @@ def test_symlinked_shadows_are_never_written_through(run, tmp_path):
             "attack.population=20", "--set", "attack.n_bootstrap=5", "--set", "attack.device=cpu", "--no-progress"]
     assert_error(cli("attack", run, *args), "symbolic link")
     assert sorted(p.name for p in target.iterdir()) == ["index.json"]
+
+
+def test_a_symlinked_feature_cache_is_removed_never_written_through(run, tmp_path):
+    """A features/ folder received as a symbolic link (to a path the vendor chose): audit transfer removes the
+    link, extracts afresh into a folder of its own, and leaves the vendor's target as it was."""
+    target = tmp_path / "vendor_features"
+    target.mkdir()
+    (target / "keep.txt").write_text("theirs")
+    (run / "features").symlink_to(target, target_is_directory=True)
+    (tmp_path / "suite.yaml").write_text("name: t\ndevice: cpu\ndatasets: [{name: digits, train_limit: 60, "
+                                         "test_limit: 30}]\nprotocols: {knn: {enabled: false}, "
+                                         "diagnostics: {enabled: false}}\n")
+    r = cli("transfer", run, "--suite", tmp_path / "suite.yaml")
+    assert r.exit_code == 0 and "symbolic link received with the run" in r.output, r.output
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+    assert not (run / "features").is_symlink() and any((run / "features").glob("*.npz"))

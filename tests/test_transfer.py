@@ -131,6 +131,29 @@ def test_feature_cache_hits_and_never_serves_stale_features(tmp_path):
     assert not any(hits.values()) and np.allclose(fixed[FINAL_LAYER], first[FINAL_LAYER])
 
 
+def test_features_this_auditor_did_not_sign_are_never_used(tmp_path):
+    """The cache key is computable by anyone: a vendor's fabricated features under the right name and key, or a
+    symbolic link to them, are recomputed, not served (issue 37)."""
+    from audit.transfer.features import FINAL_LAYER, cached_features, feature_cache_key
+
+    model = _tiny_model()
+    images = np.random.default_rng(1).integers(0, 256, size=(6, 8, 8, 3), dtype=np.uint8)
+    kw = dict(layers=[FINAL_LAYER], image_size=8, model_id="m1", data_fingerprint="d1")
+    truth, _ = cached_features(model, images, cache_dir=None, **kw)
+    key = feature_cache_key(model_id="m1", data_fingerprint="d1", image_size=8, layer=FINAL_LAYER)
+    forged = np.full_like(truth[FINAL_LAYER], 7.0)
+    np.savez(tmp_path / f"{key[:32]}.npz", features=forged, key=np.array(key), layer=np.array(FINAL_LAYER))
+    got, hits = cached_features(model, images, cache_dir=tmp_path, **kw)
+    assert not hits[FINAL_LAYER] and np.allclose(got[FINAL_LAYER], truth[FINAL_LAYER])
+    signed = tmp_path / f"{key[:32]}.npz"  # now this auditor's own entry: a hit
+    assert cached_features(model, images, cache_dir=tmp_path, **kw)[1][FINAL_LAYER]
+    elsewhere = tmp_path / "elsewhere.npz"
+    signed.rename(elsewhere)
+    signed.symlink_to(elsewhere)  # a link, even to a signed entry, is not this auditor's file
+    got, hits = cached_features(model, images, cache_dir=tmp_path, **kw)
+    assert not hits[FINAL_LAYER] and not signed.is_symlink() and elsewhere.is_file()
+
+
 # ---------------------------------------------------------------------------------------------- runner
 
 

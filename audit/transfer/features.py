@@ -13,7 +13,9 @@ Each layer's output is pooled to one vector per example (:func:`pool_output`):
 Features are cached as ``.npz`` files, one per (model, data, image size, layer), named by a sha256 over the
 checkpoint's identity (weights sha256 plus architecture), the data fingerprint, the image size, the layer
 and the pooling rule; a file is used only if its stored key matches, so a changed checkpoint or dataset can
-never be served stale features.
+never be served stale features. The key can be computed by anyone, so each file is also signed with this
+auditor's evidence key (:mod:`foundation.evidence`): features shipped in a received run directory (fabricated
+to flatter the model's transfer) or a symbolic link in place of a file are never used, only recomputed.
 
 >>> import torch
 >>> pool_output(torch.ones(2, 5, 3, 3)).shape, pool_output(torch.arange(12.).reshape(1, 3, 4), cls=True).tolist()
@@ -33,7 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from foundation.io import write_npz
+from foundation.errors import UserError
+from foundation.evidence import read_signed_npz, write_signed_npz
 
 __all__ = [
     "FINAL_LAYER",
@@ -172,16 +175,17 @@ def feature_cache_key(*, model_id: str, data_fingerprint: str, image_size: int, 
 
 
 def _read_cached(path: Path, key: str, n: int) -> np.ndarray | None:
-    """The cached array if ``path`` holds a well-formed entry for ``key`` with ``n`` rows, else None."""
-    if not path.is_file():
+    """The cached array if ``path`` holds a well-formed entry for ``key`` with ``n`` rows, signed by this auditor
+    for that key, else None (a link, an unsigned or foreign file: recompute and overwrite)."""
+    if path.is_symlink() or not path.is_file():
         return None
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if str(npz["key"]) != key:
-                return None
-            feats = np.asarray(npz["features"])
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        return None  # unreadable or foreign file: recompute and overwrite
+        arrays = read_signed_npz(path, remake="audit transfer", identity={"feature_key": key})
+        if str(arrays["key"]) != key:
+            return None
+        feats = np.asarray(arrays["features"])
+    except (UserError, OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
     if feats.ndim != 2 or feats.shape[0] != n or feats.dtype != np.float32:
         return None
     return feats
@@ -218,6 +222,7 @@ def cached_features(model: nn.Module, images: np.ndarray, *, layers: Sequence[st
         for layer, feats in fresh.items():
             out[layer] = feats.astype(np.float32, copy=False)
             if cache_dir is not None:
-                write_npz(Path(cache_dir) / f"{keys[layer][:32]}.npz", features=out[layer],
-                          key=np.array(keys[layer]), layer=np.array(layer))
+                write_signed_npz(Path(cache_dir) / f"{keys[layer][:32]}.npz", identity={"feature_key": keys[layer]},
+                                 arrays={"features": out[layer], "key": np.array(keys[layer]),
+                                         "layer": np.array(layer)})
     return {layer: out[layer] for layer in layers}, hits

@@ -228,6 +228,10 @@ def evaluate_transfer(*, run_dir: str | os.PathLike[str] | VerifiedRun, suite: T
     model_id = _model_id(manifest)
     image_size = int(suite.image_size or manifest.model.input_shape[1])
     cache = Path(cache_dir) if cache_dir is not None else run_dir / "features"
+    if cache_dir is None and cache.is_symlink():  # received with the run: never followed, never written through
+        say(f"{cache} is a symbolic link received with the run (to {os.readlink(cache)}): removed, its target left "
+            "as it was; features are extracted afresh")
+        cache.unlink()
     rows = [_evaluate_dataset(model, spec, suite=suite, model_id=model_id, image_size=image_size,
                               cache_dir=cache, device=device, log=say, index=i)
             for i, spec in enumerate(suite.datasets)]
