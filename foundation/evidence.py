@@ -32,6 +32,8 @@ foundation.errors.CheckpointError: x.json is not signed by this auditor's eviden
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -84,16 +86,35 @@ def _read_key_file(path: Path) -> bytes:
 
 
 def _create_key(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Write a new key to a private temporary file beside ``path`` and hard-link it into place: a reader never sees
+    a half-written key (a full disk leaves none; two first uses at once agree on the first one linked)."""
+    import tempfile
+
+    tmp = None
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        return  # another process made it first
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secrets.token_hex(32) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)  # atomic and never replaces a key another process made first
+        except FileExistsError:
+            pass
+        except OSError as exc:  # a file system without hard links: rename, unless a key appeared meanwhile
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            if not path.exists():
+                os.rename(tmp, path)
+                tmp = None
     except OSError as exc:
-        raise ConfigError(f"cannot create the evidence key {path} ({exc.strerror}); set {KEY_ENV} or "
-                          f"{KEY_FILE_ENV}") from None
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(secrets.token_hex(32) + "\n")
+        raise ConfigError(f"cannot create the evidence key {path} ({exc.strerror}); free space there, or set "
+                          f"{KEY_ENV} or {KEY_FILE_ENV}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def evidence_key() -> bytes:

@@ -42,6 +42,30 @@ def test_the_key_is_created_once_private_and_outside_the_run(own_key: Path) -> N
     assert evidence_key() == key  # created on first use only
 
 
+def test_a_full_disk_never_leaves_a_half_written_key(own_key: Path, monkeypatch) -> None:
+    """The key is written to a temporary file and linked into place: a failed write leaves no key (a truncated
+    one would refuse every later run, or sign with a short key) and no temporary file; the next use makes it."""
+    import errno
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", full)
+        with pytest.raises(ConfigError, match=r"cannot create the evidence key .*No space left on device"):
+            evidence_key()
+    assert not own_key.exists() and list(own_key.parent.iterdir()) == []
+    key = evidence_key()
+    assert len(key) == 64 and own_key.read_bytes().strip() == key and list(own_key.parent.iterdir()) == [own_key]
+    own_key.unlink()  # a file system without hard links: renamed into place instead
+
+    def no_links(*_a, **_k):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "link", no_links)
+    assert len(evidence_key()) == 64 and list(own_key.parent.iterdir()) == [own_key]
+
+
 def test_a_key_others_can_read_or_a_short_key_is_refused(own_key: Path, monkeypatch) -> None:
     evidence_key()
     own_key.chmod(0o644)
