@@ -110,7 +110,7 @@ class PopulationRecord(ResultModel):
 
 
 class AttackSetup(ResultModel):
-    _omit_if_none = frozenset({"population", "ray_address", "queries_from"})
+    _omit_if_none = frozenset({"population", "ray_address", "queries_from", "reference_training"})
 
     n_reference: int
     augmentations: list[str]
@@ -126,6 +126,8 @@ class AttackSetup(ResultModel):
     ray_address: str | None = None  # the Ray the reference models trained on: local (127.0.0.1), or a cluster's
     # address without credentials (absent: no Ray, or an older file)
     shadow_train_seconds: Real
+    reference_training: str | None = None  # who trained the reference models when not the run's recipe: the
+    # user's own training function (audit.attack(run, train_fn=...)); absent: the recipe in config.yaml
 
 
 class Utility(ResultModel):

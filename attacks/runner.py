@@ -48,9 +48,10 @@ from training.evaluate import accuracy
 from foundation.evidence import read_signed_npz, write_signed_npz
 from training.run import VerifiedRun, as_run, evidence_identity, inputs_digest, inputs_record, is_current
 from foundation.lock import run_lock
-from foundation.files import ATTACK_FILE, SCORES_FILE
+from foundation.files import ATTACK_FILE, SCORES_FILE, has_recorded_pool
 
-__all__ = ["AttackResult", "run_attack", "measure_utility", "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
+__all__ = ["AttackResult", "run_attack", "measure_utility", "score_attacks", "write_attack_results",
+           "attack_is_complete", "check_scores_identity", "SCORES_FILE"]
 
 
 
@@ -63,6 +64,22 @@ def _recorded_arch(run_dir: str | os.PathLike[str] | VerifiedRun) -> str:
         return str(read_manifest(run_dir).model.arch)
     except UserError:
         return ""
+
+
+def _user_model_attack_refusal(run_dir: str | os.PathLike[str] | VerifiedRun, arch: str) -> str:
+    """Why ``audit attack`` cannot run on a run of the user's own model class, and (when it recorded its pool, an
+    ``audit.AuditPool``) that the Python API with the user's training function can."""
+    path = run_dir.run_dir if isinstance(run_dir, VerifiedRun) else Path(run_dir)
+    try:
+        pooled = has_recorded_pool(read_manifest(path))
+    except UserError:
+        pooled = False
+    if not pooled:
+        return user_model_refusal(arch)
+    return (f"model.arch {arch!r} is your own model class, recorded by OpacusAuditor with its weights only: the "
+            f"command cannot rebuild or retrain it; attack it from Python with the function that trained it, "
+            f"audit.attack({str(path)!r}, train_fn=train_fn) (train_fn(member_indices, seed) returns one trained "
+            f"reference model)")
 
 
 def recipe_augment(run: VerifiedRun) -> dict[str, Any] | None:
@@ -182,7 +199,7 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         if not arch.startswith(USER_MODEL_PREFIX):
             raise
     if arch.startswith(USER_MODEL_PREFIX):
-        raise UserError(user_model_refusal(arch))
+        raise UserError(_user_model_attack_refusal(run_dir, arch))
     queries_from = settings.queries_from(target.config_data is not None)
     settings = settings.for_target(recipe_augment(target))  # attack.flip/shifts 'auto': as the target was trained
     _check_attacks(settings, target)
@@ -199,29 +216,8 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
                                   population_memory_mb=settings.population_memory_mb, log=say)
     labels = np.asarray(target.pool.y)
     k = 0 if shadows is None else shadows.n_models
-    refs = np.arange(1, k + 1)
-    entries: dict[str, Any] = {}
-    scores: dict[str, np.ndarray] = {}
     truth = target.membership if settings.evaluation != "leave_one_out" else phi.keep[0]
-    for name in settings.attacks:
-        attack = configured_attack(name, **settings.attack_params())
-        say(f"running {name}")
-        loo = None
-        if settings.evaluation != "target":
-            rounds = leave_one_out(attack, phi.pool[1:], phi.keep, labels,
-                                   pop_phi=phi.population[1:] if phi.population.shape[1] else None)
-            loo = loo_summary([(r.scores, r.membership) for r in rounds])
-        if settings.evaluation == "leave_one_out":   # round 0: reference 1 is the target, references 2..K its own
-            score, info = attack.score_with_info(_inputs(phi, 1, refs[1:], labels))
-        else:
-            score, info = attack.score_with_info(_inputs(phi, 0, refs if k else None, labels))
-        scores[name] = np.asarray(score, dtype=np.float64)
-        entry = {"params": {"attack": ATTACK_SPECS[name][0], **attack.params()}, "info": info,
-                 **evaluate_scores(scores[name], truth, labels, n_boot=settings.n_bootstrap, seed=settings.seed,
-                                   top_k=settings.top_vulnerable)}
-        if loo is not None:
-            entry["leave_one_out"] = loo
-        entries[name] = entry
+    entries, scores = score_attacks(settings, phi, labels=labels, truth=truth, n_reference=k, say=say)
     utility = measure_utility(target, device)
     report = AttackFile.from_data({
         "format": ATTACK_FORMAT,
@@ -242,12 +238,50 @@ def _run_attack(*, run_dir: str | os.PathLike[str] | VerifiedRun, settings: Atta
         "code": target.code.to_dict(),
     })
     out = target.run_dir
+    write_attack_results(target, report, scores=scores, truth=truth, labels=labels)
+    return AttackResult(run_dir=out, report=report, scores=scores, membership=truth,
+                        shadows_trained=0 if shadows is None else shadows.trained)
+
+
+def score_attacks(settings: AttackConfig, phi: Signals, *, labels: np.ndarray, truth: np.ndarray, n_reference: int,
+                  say: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Every configured attack on the signals ``phi`` (model 0 the target, 1..K the references): its
+    ``attack.json`` entry (parameters, info, metrics against ``truth``, leave-one-out when configured) and its
+    per-example scores (higher = member). One loop for every way reference models were made."""
+    k = n_reference
+    refs = np.arange(1, k + 1)
+    entries: dict[str, Any] = {}
+    scores: dict[str, np.ndarray] = {}
+    for name in settings.attacks:
+        attack = configured_attack(name, **settings.attack_params())
+        say(f"running {name}")
+        loo = None
+        if settings.evaluation != "target":
+            rounds = leave_one_out(attack, phi.pool[1:], phi.keep, labels,
+                                   pop_phi=phi.population[1:] if phi.population.shape[1] else None)
+            loo = loo_summary([(r.scores, r.membership) for r in rounds])
+        if settings.evaluation == "leave_one_out":   # round 0: reference 1 is the target, references 2..K its own
+            score, info = attack.score_with_info(_inputs(phi, 1, refs[1:], labels))
+        else:
+            score, info = attack.score_with_info(_inputs(phi, 0, refs if k else None, labels))
+        scores[name] = np.asarray(score, dtype=np.float64)
+        entry = {"params": {"attack": ATTACK_SPECS[name][0], **attack.params()}, "info": info,
+                 **evaluate_scores(scores[name], truth, labels, n_boot=settings.n_bootstrap, seed=settings.seed,
+                                   top_k=settings.top_vulnerable)}
+        if loo is not None:
+            entry["leave_one_out"] = loo
+        entries[name] = entry
+    return entries, scores
+
+
+def write_attack_results(target: VerifiedRun, report: AttackFile, *, scores: dict[str, np.ndarray],
+                         truth: np.ndarray, labels: np.ndarray) -> None:
+    """``scores.npz`` and ``attack.json`` in the target's run directory, signed for its identity."""
+    out = target.run_dir
     write_signed_npz(out / SCORES_FILE, identity=evidence_identity(target, claim=False), arrays={
         "pool_index": np.arange(len(labels)), "membership": truth, "labels": labels,
         "inputs_digest": np.array(inputs_digest(target)), **{f"score_{n}": s for n, s in scores.items()}})
     write_attack_file(out, report, identity=evidence_identity(target, claim=False))
-    return AttackResult(run_dir=out, report=report, scores=scores, membership=truth,
-                        shadows_trained=0 if shadows is None else shadows.trained)
 
 
 def attack_is_complete(run_dir: str | os.PathLike[str] | VerifiedRun, config: AttackConfig) -> bool:

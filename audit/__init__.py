@@ -3,7 +3,7 @@
 The public Python API: the CLI's commands as functions with the same names and arguments
 (:func:`train`, :func:`attack`, :func:`epsilon`, :func:`report`, :func:`gate`; see :mod:`audit.api`), the tight
 mechanism audits :func:`audit_mechanism` / :func:`audit_opacus_mechanism` (:mod:`audit.mechanism`), and
-:class:`OpacusAuditor` / :class:`CanaryDataset` to audit a training script built on Opacus
+:class:`OpacusAuditor` / :class:`CanaryDataset` / :class:`AuditPool` to audit a training script built on Opacus
 (:mod:`audit.integrations`). Names are imported on first use, so ``import audit`` stays light.
 
 >>> import audit
@@ -22,6 +22,7 @@ _PUBLIC = {
     "train": "audit.api", "attack": "audit.api", "epsilon": "audit.api", "report": "audit.api", "gate": "audit.api",
     "audit_mechanism": "audit.mechanism.api", "audit_opacus_mechanism": "audit.mechanism.api",
     "OpacusAuditor": "audit.integrations", "CanaryDataset": "audit.integrations", "AuditedRun": "audit.integrations",
+    "AuditPool": "audit.integrations",
 }
 __all__ = list(_PUBLIC)
 

@@ -91,8 +91,10 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
            overrides: Overrides = None, retrain_shadows: bool = False,
            executor: str | None = None, ray_address: str | None = None, workers: int | None = None,
            ray_bind_host: str | None = None, progress: bool = False, trust_code: bool = False,
-           note: Callable[[str], None] | None = None) -> AttackResult:
-    """``audit attack RUN``: membership inference with reference models trained by the run's own recipe.
+           note: Callable[[str], None] | None = None,
+           train_fn: Callable[[Any, int], Any] | None = None) -> AttackResult:
+    """``audit attack RUN``: membership inference with reference models trained by the run's own recipe, or
+    (``train_fn``) by your own training code.
 
     Args:
         run: the run directory. config, variant: an experiment YAML whose ``attack:`` section to use.
@@ -100,6 +102,15 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
             trust_code: as the command's flags (``ray_address`` and ``ray_bind_host`` imply ``executor="ray"``).
         progress: print progress messages. note: called with a note when the attacks were narrowed to what the
             run supports (a run without a training recipe).
+        train_fn: for a run written by :class:`audit.OpacusAuditor` over an :class:`audit.AuditPool` (your own
+            model class, which dp-audit cannot rebuild or retrain): ``train_fn(member_indices, seed) -> model``
+            trains one reference model with the code that trained the target, on the items ``member_indices``
+            (int64 positions in the dataset the ``AuditPool`` wraps) with randomness from ``seed`` (an int), and
+            returns the trained ``torch.nn.Module`` (Opacus wrappers are unwrapped; the auditor puts it in eval
+            mode and queries it on the recorded pool). Each call trains one model, so the executors are
+            ``sequential`` (``auto``) and ``ray`` (Ray ships the function to its tasks); ``batched`` is for
+            dp-audit's own recipes only. Every attack runs (LiRA, RMIA, ...); a wrong return value raises a
+            one-line :class:`~foundation.errors.UserError` (:mod:`attacks.train_fn_runner`).
 
     Returns:
         The :class:`~attacks.runner.AttackResult` (``report`` is what ``attack.json`` holds).
@@ -120,6 +131,11 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
                   (("executor", executor), ("workers", workers), ("ray_address", ray_address),
                    ("ray_bind_host", ray_bind_host)) if value is not None)
     cfg = resolve_attack_config(run_dir=run, config_path=config, variant=variant, overrides=given + extra)
+    if train_fn is not None:
+        from attacks.train_fn_runner import attack_with_train_fn
+
+        return attack_with_train_fn(run_dir=run, config=cfg, train_fn=train_fn, retrain_shadows=retrain_shadows,
+                                    progress=progress)
     cfg, why = fit_to_run(cfg, has_recipe=has_recipe(run), attacks_chosen=attacks_chosen(config_path=config,
                                                                                           overrides=given))
     if why is not None and note is not None:

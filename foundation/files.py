@@ -13,6 +13,7 @@ A finished run directory holds::
     model_init.safetensors   θ_0, the weights before the first step (runs with gradient canaries)
     gradient_canaries.npy    which gradient canaries were included (sha256 in the manifest)
     input_canaries.npz       OpacusAuditor's input canaries and their final scores
+    pool.npz                 OpacusAuditor's pool (audit.AuditPool): every item's input tensor and label
     state/checkpoint.pt      resumable training state (removed when the run completes)
     tb/                      TensorBoard curves
     .lock                    held while a command writes the run (foundation.lock)
@@ -42,12 +43,12 @@ import os
 from pathlib import Path
 
 __all__ = ["CANARY_PACKAGE_FILE", "MANIFEST_FILE", "WEIGHTS_FILE", "MEMBERSHIP_FILE", "CONFIG_FILE", "IMPORT_FILE",
-           "METRICS_FILE", "INIT_WEIGHTS_FILE", "GRADIENT_CANARY_FILE", "INPUT_CANARY_FILE", "STATE_DIR", "STATE_FILE",
+           "METRICS_FILE", "INIT_WEIGHTS_FILE", "GRADIENT_CANARY_FILE", "INPUT_CANARY_FILE", "POOL_FILE", "STATE_DIR", "STATE_FILE",
            "TB_DIR", "LOCK_FILE", "SHADOW_DIR", "INDEX_FILE", "KEEP_FILE", "STAGING_DIR", "SIGNALS_FILE",
            "ATTACK_FILE", "SCORES_FILE", "EPSILON_FILE", "TRANSFER_FILE", "PIPELINE_FILE", "REPORT_HTML_FILE",
            "REPORT_MD_FILE", "REPORT_JSON_FILE", "REPORT_PDF_FILE", "CANARY_REFERENCE_DIR", "PHI_FILE",
            "REFERENCE_WEIGHTS_FILE", "CANARY_SECRET_FILE", "COMMITMENT_FILE", "GATE_FILE", "MECHANISM_FILE", "RUN_DIR_MARKERS",
-           "has_recipe", "is_complete"]
+           "has_recipe", "has_recorded_pool", "is_complete"]
 
 # ------------------------------------------------------------------------------------- written by training
 MANIFEST_FILE = "manifest.json"
@@ -61,6 +62,7 @@ MECHANISM_FILE = "mechanism.json"
 INIT_WEIGHTS_FILE = "model_init.safetensors"
 GRADIENT_CANARY_FILE = "gradient_canaries.npy"
 INPUT_CANARY_FILE = "input_canaries.npz"
+POOL_FILE = "pool.npz"
 STATE_DIR = "state"
 STATE_FILE = Path(STATE_DIR) / "checkpoint.pt"
 TB_DIR = "tb"
@@ -92,6 +94,17 @@ REFERENCE_WEIGHTS_FILE = "weights.safetensors"
 CANARY_SECRET_FILE = "canary_secret.npz"
 COMMITMENT_FILE = "commitment.txt"
 GATE_FILE = "gate.json"
+
+
+def has_recorded_pool(manifest: object) -> bool:
+    """Whether a run's manifest records an ``audit.AuditPool`` (``training.audit_pool``: ``pool.npz``, its sha256
+    and the membership draw), which ``audit.attack(run, train_fn=...)`` needs.
+
+    >>> from types import SimpleNamespace as NS
+    >>> has_recorded_pool(NS(training={"audit_pool": {"file": POOL_FILE}})), has_recorded_pool(NS(training={}))
+    (True, False)
+    """
+    return isinstance((getattr(manifest, "training", None) or {}).get("audit_pool"), dict)
 
 
 def has_recipe(run_dir: str | os.PathLike[str]) -> bool:

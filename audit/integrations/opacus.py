@@ -52,8 +52,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from audit.integrations.audit_pool import find_pool
 from audit.integrations.canary_dataset import CanaryDataset
 from training.dp.canaries import GradientCanaries
+from training.models.build import unwrap_model
 from training.pool import draw_membership
 from training.run.manifest import Manifest
 
@@ -70,23 +72,6 @@ class AuditedRun:
     @property
     def claimed_epsilon(self) -> float:
         return self.manifest.privacy.claimed_epsilon
-
-
-_DDP_NAMES = ("DistributedDataParallel", "DPDDP", "DifferentiallyPrivateDistributedDataParallel")
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside Opacus's wrappers (``GradSampleModule*``) and DDP/DPDDP."""
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if hasattr(model, "_module") and isinstance(model._module, nn.Module):
-            model = model._module
-        elif type(model).__name__ in _DDP_NAMES and isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        else:
-            break
-    return model
 
 
 def _check_optimizer(optimizer: Any) -> str:
@@ -131,6 +116,8 @@ class OpacusAuditor:
         run_dir: the run directory :meth:`finish` writes.
         gradient_canaries: m, the number of gradient canaries (0: none; ≥ 2 for an audit).
         input_canaries: the :class:`~audit.integrations.canary_dataset.CanaryDataset` the loader was built on, or None.
+            A loader built on an :class:`~audit.integrations.audit_pool.AuditPool` (alone or inside the
+            ``CanaryDataset``) is found and recorded, so ``audit.attack(run, train_fn=...)`` can attack the run.
         seed: seed of the canary directions, inclusion and sampling; None draws one from the OS (recorded).
         delta: δ of the claim; default the engine-independent convention of ``audit train`` for the dataset size.
         claimed_epsilon: the ε the user claims; None: the engine accountant's ``get_epsilon(delta)`` at :meth:`finish`.
@@ -181,6 +168,7 @@ class OpacusAuditor:
         self.loader_sample_rate = float(getattr(data_loader.batch_sampler, "sample_rate", self.sample_rate)) \
             if self.poisson else self.sample_rate
         self.loader_dataset = data_loader.dataset
+        self.pool = find_pool(data_loader.dataset)  # an audit.AuditPool: the members the auditor drew (LiRA/RMIA)
         self.n_examples = len(data_loader.dataset)
         if input_canaries is not None and data_loader.dataset is not input_canaries:
             raise ValueError("input_canaries must be the dataset the data loader serves (wrap the dataset with "

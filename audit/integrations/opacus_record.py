@@ -11,6 +11,10 @@ that ``audit epsilon`` and ``audit report`` read like any other:
   the user's process because the user's model class is not rebuilt by auditors) when a
   :class:`~audit.integrations.canary_dataset.CanaryDataset` was used;
 * ``membership.npy`` (the user's examples, all members, then each input canary's inclusion), ``metrics.json``;
+  with an :class:`~audit.integrations.audit_pool.AuditPool` behind the loader, the pool is the user's whole
+  dataset, each item a member with probability 1/2 (scheme ``bernoulli``, the pool's seed), and ``pool.npz``
+  holds its inputs and labels (sha256 and the draw in the manifest's ``training.audit_pool``), which
+  ``audit.attack(run, train_fn=...)`` scores the target and its reference models on;
 * ``manifest.json`` last. The claim is the engine accountant's ``get_epsilon(δ)`` over its own history (or the
   user's ``claimed_epsilon``); the DP phases are the (σ, q, C) the auditor saw at each noise addition, so the claim
   check of ``audit epsilon`` recomputes ε from what the optimizer did, not from what it was told.
@@ -30,8 +34,8 @@ from torch import nn
 
 from training.config import ModelConfig
 from foundation.errors import CheckpointError
-from foundation.files import GRADIENT_CANARY_FILE, INIT_WEIGHTS_FILE, INPUT_CANARY_FILE, MANIFEST_FILE
-from foundation.io import check_output_dir, save_safetensors, sha256_file, write_npy, write_npz
+from foundation.files import GRADIENT_CANARY_FILE, INIT_WEIGHTS_FILE, INPUT_CANARY_FILE, MANIFEST_FILE, POOL_FILE
+from foundation.io import check_output_dir, fingerprint_arrays, save_safetensors, sha256_file, write_npy, write_npz
 from training.run.manifest import Manifest, PhaseInfo, PrivacyInfo
 from training.run import writer as run_writer
 
@@ -151,7 +155,8 @@ def _input_record(auditor: OpacusAuditor, run_dir: Path, base: nn.Module) -> dic
         return None
     phi = ds.scores(base)
     path = write_npz(run_dir / INPUT_CANARY_FILE, x=ds.canary_x, y=ds.canary_y, included=ds.included, phi=phi)
-    return {**ds.record(), "file": path.name, "sha256": sha256_file(path),
+    first = {} if auditor.pool is None else {"first_index": auditor.pool.size}  # after the whole pool
+    return {**ds.record(), **first, "file": path.name, "sha256": sha256_file(path),
             "scores": "phi: scaled logit of the final model, computed by OpacusAuditor.finish in the training process"}
 
 
@@ -185,8 +190,9 @@ def write_run(auditor: OpacusAuditor, model: nn.Module, *, test_accuracy: float 
     extra = _gradient_record(auditor, run_dir, names)
     canaries = _input_record(auditor, run_dir, base)
     ds = auditor.input_canaries
-    mask = ds.membership() if ds is not None else np.ones(auditor.n_examples, dtype=bool)
-    fingerprint = ds.fingerprint() if ds is not None else _size_fingerprint(auditor.n_examples)
+    mask, fingerprint, pool_record = _membership(auditor, run_dir)
+    if pool_record:
+        extra["audit_pool"] = pool_record
     steps = len(auditor.steps)
     metrics_out = {"test_accuracy": test_accuracy, "steps": steps, "epsilon_spent": privacy.epsilon,
                    "canary_seconds": auditor.canary_seconds, "gradient_canaries_added": auditor.canaries_added,
@@ -199,12 +205,30 @@ def write_run(auditor: OpacusAuditor, model: nn.Module, *, test_accuracy: float 
         notes=[] if auditor.arch else ["the user's model class (trained by an Opacus script); auditors read its "
                                        "weights but do not rebuild it"],
         data={"dataset": auditor.dataset, "split": "train"}, pool_fingerprint=fingerprint,
-        membership=mask, membership_scheme="all", membership_seed=ds.seed if ds is not None else None,
+        membership=mask, membership_scheme="bernoulli" if auditor.pool is not None else "all",
+        member_p=0.5 if auditor.pool is not None else None,
+        membership_seed=auditor.pool.seed if auditor.pool is not None else (ds.seed if ds is not None else None),
         canaries=canaries, privacy=privacy, metrics=metrics_out,
         training={"recipe": "opacus", "integration": "audit.OpacusAuditor", "optimizer": type(original).__name__,
                   "lr": lr, "steps": steps, "batch_size": phases[0].batch_size, "test_accuracy": test_accuracy,
                   "world_size": auditor.world_size, **extra},
         seed=auditor.seed, command=shlex.join(sys.argv), device=str(auditor.params[0].device))
+
+
+def _membership(auditor: OpacusAuditor, run_dir: Path) -> tuple[np.ndarray, str, dict[str, Any]]:
+    """The membership mask over the pool, the pool's fingerprint and (with an ``AuditPool``) its record, after
+    writing ``pool.npz``. Input canaries follow the pool, each with its inclusion bit."""
+    ds, pool = auditor.input_canaries, auditor.pool
+    if pool is None:
+        mask = ds.membership() if ds is not None else np.ones(auditor.n_examples, dtype=bool)
+        return mask, ds.fingerprint() if ds is not None else _size_fingerprint(auditor.n_examples), {}
+    x, y = pool.arrays()
+    path = write_npz(run_dir / POOL_FILE, x=x, y=y)
+    record = {**pool.record(), "file": path.name, "sha256": sha256_file(path), "fingerprint": pool.fingerprint()}
+    if ds is None:
+        return pool.membership.copy(), record["fingerprint"], record
+    return (np.concatenate([pool.membership, ds.included]),
+            fingerprint_arrays(x, y, ds.canary_x, ds.canary_y), record)
 
 
 def _size_fingerprint(n: int) -> str:

@@ -17,6 +17,8 @@ import numpy as np
 from audit.reporting.inputs import RunFiles
 from training.data import is_streamed
 from foundation.errors import UserError
+from foundation.files import has_recorded_pool
+from training.models.build import USER_MODEL_PREFIX
 
 __all__ = ["PoolImages", "load_pool_images", "thumbnail_uri"]
 
@@ -42,6 +44,9 @@ def load_pool_images(run: RunFiles) -> tuple[PoolImages | None, str]:
     """
     if run.run is None:
         return None, "the run directory was not opened, so the pool cannot be re-loaded"
+    if str(run.manifest.model.arch).startswith(USER_MODEL_PREFIX):
+        return None, ("the pool holds your own input tensors (pool.npz), listed by index" if has_recorded_pool(
+            run.manifest) else "the run records only the canaries, not your training data")
     try:
         pool = run.run.pool
     except (UserError, OSError) as exc:

@@ -55,7 +55,7 @@ from training.models.timm_models import create_timm_model, is_timm_model
 from training.models.vit_tokens import can_patch_vit_tokens, patch_vit_tokens
 from training.models.weights import key_mismatch, load_state_strict, load_weights_file, strip_prefix
 
-__all__ = ["BuiltModel", "build_model", "count_parameters", "create_network", "names_code", "TIMM_SOURCES"]
+__all__ = ["BuiltModel", "build_model", "count_parameters", "create_network", "names_code", "unwrap_model", "TIMM_SOURCES"]
 
 #: timm's model-source prefixes (``hf-hub:org/name``, ``local-dir:/path``): they fetch configs and weights.
 TIMM_SOURCES = ("hf-hub", "local-dir")
@@ -99,6 +99,23 @@ def _seeded(seed: int | None) -> Iterator[None]:
 
 #: How OpacusAuditor records a model of the user's own class (``user-model/<module>.<class>``): weights only.
 USER_MODEL_PREFIX = "user-model/"
+
+
+_DDP_NAMES = ("DistributedDataParallel", "DPDDP", "DifferentiallyPrivateDistributedDataParallel")
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside Opacus's wrappers (``GradSampleModule*``) and DDP/DPDDP."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if hasattr(model, "_module") and isinstance(model._module, nn.Module):
+            model = model._module
+        elif type(model).__name__ in _DDP_NAMES and isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        else:
+            break
+    return model
 
 
 def user_model_refusal(arch: str) -> str:
