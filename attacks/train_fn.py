@@ -73,10 +73,6 @@ class Trained:
     target_pred: np.ndarray | None = None
 
 
-def _name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__name__
-
-
 def check_returned(value: Any, *, k: int, target_state: Mapping[str, np.ndarray]) -> nn.Module:
     """The module ``train_fn`` returned for reference model ``k``, unwrapped and in eval mode; a one-line
     :class:`UserError` for anything else (None, a tuple, an optimizer, a state dict, another architecture).

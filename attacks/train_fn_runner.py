@@ -23,7 +23,6 @@ auditor on the pool: test accuracy on its non-members, train accuracy on its mem
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections.abc import Callable

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shlex
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,8 +17,7 @@ from attacks.resolution import not_resolvable, resolvable
 from audit.reporting import fmt
 from audit.reporting.images import PoolImages, thumbnail_uri
 from audit.reporting.inputs import RunFiles
-from foundation.files import has_recorded_pool
-from training.run import CONFIG_FILE
+from audit.reporting.commands import USER_MODEL_NOTE, commands_for, rebuildable  # noqa: F401 (re-exported)
 from audit.reporting.limitations import limitations
 from audit.reporting.model import (
     GLANCE_FPR,
@@ -71,48 +69,6 @@ _HEADLINES = {
     "NO_CLAIM": "No privacy claim",
     "NOT_AUDITED": "Claim not audited yet",
 }
-
-
-#: In place of a command for a run whose model auditors cannot rebuild (the user's own class, OpacusAuditor).
-USER_MODEL_NOTE = ("not available for this run: its model is your own class (recorded by OpacusAuditor), which "
-                   "auditors do not rebuild; the gradient and input canaries (audit epsilon) audit it")
-
-
-#: Where the metrics of a run of the user's own model class come from (it has no config for audit train).
-USER_TRAIN_NOTE = "your own training script (OpacusAuditor.finish)"
-
-
-def rebuildable(run: RunFiles) -> bool:
-    """Whether auditors can rebuild the run's model (``audit attack``/``audit transfer`` need it): not for a
-    model recorded as the user's own class (``model.arch`` ``user-model/...``)."""
-    return not str(run.manifest.model.arch).startswith("user-model/")
-
-
-def train_fn_hint(run: RunFiles) -> str:
-    """How a run of the user's own model class that recorded an ``audit.AuditPool`` is attacked: from Python,
-    with the user's training function (:func:`audit.attack` with ``train_fn``)."""
-    return (f"run from Python with the function that trained the model: "
-            f"audit.attack({str(run.run_dir)!r}, train_fn=train_fn), where train_fn(member_indices, seed) trains "
-            f"one reference model and returns it")
-
-
-def commands_for(run: RunFiles) -> dict[str, str]:
-    """The exact command that (re)produces each file of the run directory; for a step that cannot run on it, why
-    (:data:`USER_MODEL_NOTE`), so no hint leads to a command that would refuse the run. A run of the user's own
-    model class that recorded its pool (``audit.AuditPool``) is attacked with the user's training function
-    (:func:`train_fn_hint`); no hint names it for a run that recorded none."""
-    run_q = shlex.quote(str(run.run_dir))
-    cfg = run.run_dir / (run.manifest.provenance.config_file or CONFIG_FILE)
-    model_steps = rebuildable(run)
-    attack = (f"audit attack {run_q}" if model_steps
-              else train_fn_hint(run) if has_recorded_pool(run.manifest) else USER_MODEL_NOTE)
-    return {
-        "train": f"audit train {shlex.quote(str(cfg))}" if model_steps else USER_TRAIN_NOTE,
-        "attack": attack,
-        "epsilon": f"audit epsilon {run_q}",
-        "transfer": f"audit transfer {run_q}" if model_steps else USER_MODEL_NOTE,
-        "report": f"audit report {run_q}",
-    }
 
 
 def _candidates(rows: list[AttackRow]) -> dict:
