@@ -1,5 +1,5 @@
 """Hostile disks and memory: every command that writes, on a full disk, a read-only output directory and a failing
-rename; a lock whose write fails; an allocation that fails.
+rename; TensorBoard's writer thread and a lock whose writes fail; an allocation that fails.
 
 Issue 37: "no exit 0 after a failed write". Each case ends like every bad input (:func:`hostile_common.assert_error`:
 exit 2, one line naming the file and what to do, no traceback) and leaves nothing half-written: no temporary file
@@ -176,6 +176,28 @@ def test_a_file_too_large_is_one_line(run, tmp_path, monkeypatch, name):
     """EFBIG (a file over the file system's size limit) at the first write: a traceback before issue 37."""
     _faulted(monkeypatch, name, tmp_path / "w", run, stage="write", code=errno.EFBIG, at=1,
              pattern=r"file too large writing .*; choose an output_dir on a file system that allows larger files")
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # pytest's own excepthook
+def test_a_full_disk_under_the_tensorboard_writer_is_one_line(tmp_path, monkeypatch, capfd):
+    """TensorBoard writes its events from a background thread (no fsync, so not caught above): a full disk there
+    used to print that thread's traceback beside the one-line error."""
+    import threading
+
+    import tensorboard.summary.writer.record_writer as record_writer
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "runs" / "tiny" / "tb" / "events"))
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", full)
+    res = cli("train", write_cfg(tmp_path / "cfg.yaml", tmp_path / "runs"), "--no-progress")
+    for thread in threading.enumerate():  # let TensorBoard's writer thread finish dying
+        if type(thread).__module__.startswith("tensorboard."):
+            thread.join(10)
+    assert_error(res, r"no space left on device writing .*events; free disk space")
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "Exception in thread" not in out + err, err
+    assert not (tmp_path / "runs" / "tiny" / "manifest.json").exists()
 
 
 def test_a_lock_whose_write_fails_is_not_left_behind(run, monkeypatch):

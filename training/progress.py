@@ -44,6 +44,7 @@ class TrainLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        _QuietWriterThreads.install()
         self._writer = SummaryWriter(log_dir=str(tb_dir))
         self._dp = dp
         self._label = epsilon_label(claim_accountant)
@@ -84,3 +85,27 @@ class TrainLogger:
             self._progress = None
         self._writer.flush()
         self._writer.close()
+
+
+class _QuietWriterThreads:
+    """``threading.excepthook`` that does not print an ``OSError`` of TensorBoard's background writer thread (a
+    full disk) as a thread traceback: TensorBoard raises the same error again in the training thread at its next
+    write, flush or close (or while the writer is made), where the CLI reports it in one line (``error: no space left
+    on device ...``). Other exceptions, and other threads, go to the hook installed before. Installed once per
+    process, when the first :class:`TrainLogger` opens (the writer thread may fail after it is closed)."""
+
+    def __init__(self, previous) -> None:
+        self.previous = previous
+
+    @classmethod
+    def install(cls) -> None:
+        import threading
+
+        if not isinstance(threading.excepthook, cls):
+            threading.excepthook = cls(threading.excepthook)
+
+    def __call__(self, args) -> None:
+        thread = args.thread
+        writer = thread is not None and type(thread).__module__.startswith("tensorboard.")
+        if not (writer and isinstance(args.exc_value, OSError)):
+            self.previous(args)
