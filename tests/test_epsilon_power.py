@@ -53,6 +53,7 @@ def test_the_power_follows_the_level_split_and_is_absent_without_a_finite_claim(
     (entry,) = run_epsilon(run_dir=run, config=EpsilonConfig(sources=("pool",))).power
     assert entry.alpha == pytest.approx(0.025)  # α / 2, as the one-run bound is computed
     assert entry.epsilon_detectable is None and entry.ceiling < 8.0 and "cannot be refuted" in entry.statement
+    assert entry.statement.endswith("audit more examples (a larger data.pool_size, members drawn with p = 1/2)")
     none = make_run(tmp_path / "n", epsilon=None, pool=400)
     write_scores(none, signal=0.0)
     assert run_epsilon(run_dir=none, config=EpsilonConfig(sources=("pool",))).power == ()

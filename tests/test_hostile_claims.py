@@ -203,9 +203,8 @@ def test_an_empty_received_config_is_a_finding_not_a_traceback(gc_base, tmp_path
     (run / "config.yaml").write_text("")
     rehash(run, "config.yaml")
     r = cli("epsilon", run, "--sources", "gradient_canaries")
-    assert r.exit_code in (0, 2) and "Traceback" not in r.output, r.output
-    if r.exit_code == 0:
-        findings = json.loads((run / "epsilon.json").read_text())["verdict"]["findings"]
-        assert any(f["kind"] == "claim_vs_config" for f in findings)
-    else:
-        assert_error(r, r"config\.yaml")
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    verdict = json.loads((run / "epsilon.json").read_text())["verdict"]
+    assert verdict["status"] == "VIOLATION" and verdict["findings"] == [
+        {"kind": "claim_vs_config", "severity": "error", "message": "config.yaml is not a mapping of sections"}]
+    assert "finding (error, claim_vs_config): config.yaml is not a mapping of sections" in r.output

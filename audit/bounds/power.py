@@ -36,7 +36,8 @@ from scipy import special, stats
 from audit.bounds._validate import check_alpha, check_count, check_delta, check_nonnegative
 from audit.bounds.one_run import one_run_epsilon_bounds
 
-__all__ = ["KitPower", "grid_pairs", "guess_totals", "min_correct", "detection_probability", "kit_power", "canaries_for_claim"]
+__all__ = ["KitPower", "grid_pairs", "guess_totals", "min_correct", "detection_probability", "kit_power",
+           "canaries_for_claim"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,17 +74,19 @@ class KitPower:
         """Whether a violation by ``factor`` (true ε = factor × claim) is detected with probability >= power."""
         return self.epsilon_detectable is not None and self.epsilon_detectable <= factor * self.claim
 
-    def summary(self) -> str:
-        """One line for the CLI."""
+    def summary(self, *, remedy: str | None = None) -> str:
+        """One line for the CLI; ``remedy``: what raises the ceiling when the claim cannot be refuted (default: a
+        bigger auditor's kit)."""
         head = f"claim ε = {self.claim:g}: "
         if self.epsilon_detectable is None:
+            remedy = remedy or f"use more canaries ('audit canaries make --claim {self.claim:g}' sizes a kit for it)"
             text = (head + f"cannot be refuted by {self.m} canaries at α = {self.alpha:g} (the most the audit can "
-                    f"show is ε_lb {self.ceiling:.3f}); use more canaries ('audit canaries make --claim {self.claim:g}' sizes a kit for it)")
+                    f"show is ε_lb {self.ceiling:.3f}); {remedy}")
         else:
             text = (head + f"refuted with probability >= {self.power:g} when the model's true ε >= "
-                    f"{self.epsilon_detectable:.3f} ({self.epsilon_detectable / self.claim:.2f}x the claim: each canary's "
-                    f"membership signal right with probability {100 * self.accuracy_needed:.1f}%, best guessing "
-                    f"{self.guesses} of {self.m})" if self.claim > 0
+                    f"{self.epsilon_detectable:.3f} ({self.epsilon_detectable / self.claim:.2f}x the claim: each "
+                    f"canary's membership signal right with probability {100 * self.accuracy_needed:.1f}%, best "
+                    f"guessing {self.guesses} of {self.m})" if self.claim > 0
                     else head + f"refuted when the true ε >= {self.epsilon_detectable:.3f}")
         if self.accuracy is not None:
             text += (f"; at {100 * self.accuracy:.1f}% accuracy: refuted with probability "

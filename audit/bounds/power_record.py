@@ -22,12 +22,18 @@ import math
 
 from foundation.result_json import Real, ResultModel
 
-__all__ = ["POWER_MAX_M", "DETECTION_PROBABILITY", "PowerEntry", "power_entry", "plan_power"]
+__all__ = ["POWER_MAX_M", "DETECTION_PROBABILITY", "REMEDIES", "PowerEntry", "power_entry", "plan_power"]
 
 #: Sources with more examples are not stated (the computation grows with m: ~1 CPU-minute at m = 20,000).
 POWER_MAX_M = 20_000
 #: The detection probability the statement is made at: the median audit refutes.
 DETECTION_PROBABILITY = 0.5
+#: What raises a source's ceiling when the claim is out of its reach (auditor_canaries: a bigger kit, the default).
+REMEDIES = {
+    "pool": "audit more examples (a larger data.pool_size, members drawn with p = 1/2)",
+    "input_canaries": "train with more input canaries (training.canaries.count)",
+    "gradient_canaries": "train with more gradient canaries (training.gradient_canaries.count)",
+}
 
 
 class PowerEntry(ResultModel):
@@ -84,7 +90,8 @@ def power_entry(*, source: str, m: int, claimed_epsilon: float, delta: float, al
     key = None if grid is None else (tuple(int(k) for k in grid[0]), tuple(int(k) for k in grid[1]))
     p = _kit_power(int(m), float(claimed_epsilon), float(delta), float(alpha), key)
     return PowerEntry(**common, computed=True, ceiling=p.ceiling, epsilon_detectable=p.epsilon_detectable,
-                      accuracy_needed=p.accuracy_needed, guesses=p.guesses, statement=head + p.summary())
+                      accuracy_needed=p.accuracy_needed, guesses=p.guesses,
+                      statement=head + p.summary(remedy=REMEDIES.get(source)))
 
 
 def plan_power(*, plans, claimed_epsilon: float, delta: float, alpha_deciding: float, points: int,
