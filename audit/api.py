@@ -138,10 +138,22 @@ def attack(run: PathLike, *, config: PathLike | None = None, variant: str | None
                                     progress=progress)
     cfg, why = fit_to_run(cfg, has_recipe=has_recipe(run), attacks_chosen=attacks_chosen(config_path=config,
                                                                                           overrides=given))
-    if why is not None and note is not None:
+    if why is not None and note is not None and not _user_model(run):  # such a run is refused in one line below
         note(why)
     return run_attack(run_dir=run, config=cfg, retrain_shadows=retrain_shadows, progress=progress,
                       trust_code=trust_code)
+
+
+def _user_model(run: PathLike) -> bool:
+    """Whether the run's manifest records the user's own model class (``OpacusAuditor``), which the command refuses."""
+    from foundation.errors import UserError
+    from training.models.build import USER_MODEL_PREFIX
+    from training.run.manifest import read_manifest
+
+    try:
+        return str(read_manifest(run).model.arch).startswith(USER_MODEL_PREFIX)
+    except UserError:
+        return False
 
 
 def epsilon(run: PathLike, *, alpha: float | None = None, sources: str | Sequence[str] | None = None,

@@ -44,7 +44,7 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def fit(data, seed: int, run_dir=None, *, epochs: int = 25):
+def fit(data, seed: int, run_dir=None, *, epochs: int = 25, canaries=None):
     """The user's own Opacus training (tiny σ, many epochs on ~100 examples: it overfits); with ``run_dir`` the
     auditor is attached and the run written, else the trained model is returned."""
     from opacus import PrivacyEngine
@@ -57,7 +57,8 @@ def fit(data, seed: int, run_dir=None, *, epochs: int = 25):
         model, opt, loader = engine.make_private(
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
             data_loader=DataLoader(data, batch_size=25), noise_multiplier=0.1, max_grad_norm=5.0)
-        auditor = (audit.OpacusAuditor(opt, engine, loader, run_dir=run_dir, gradient_canaries=64, delta=1e-5, seed=0)
+        auditor = (audit.OpacusAuditor(opt, engine, loader, run_dir=run_dir, gradient_canaries=64, delta=1e-5, seed=0,
+                                       input_canaries=canaries)
                    if run_dir is not None else None)
         for _ in range(epochs):
             for xb, yb in loader:
@@ -213,3 +214,28 @@ def test_a_run_without_a_pool_is_refused_and_never_hinted(tmp_path):
     audit.epsilon(run_dir)
     text = audit.report(run_dir).markdown.read_text()
     assert "train_fn=" not in text and "audit.attack(" not in text and "audit attack " not in text
+
+
+def test_input_canaries_follow_the_pool_and_the_command_points_to_the_api(tmp_path):
+    """CanaryDataset over an AuditPool: membership = the pool's draw, then each canary's inclusion; both the pool's
+    attack scores and the input canaries reach audit epsilon; the audit attack command exits 2 in one line naming
+    the Python call."""
+    from click.testing import CliRunner
+
+    from audit.cli import main
+
+    train = _data(60)
+    pool = audit.AuditPool(train, seed=0)
+    data = audit.CanaryDataset(pool, count=20, kind="ood", num_classes=10, seed=1)
+    run = fit(data, seed=0, run_dir=tmp_path / "run", epochs=2, canaries=data)
+    membership = np.load(run.run_dir / "membership.npy")
+    assert np.array_equal(membership, np.concatenate([pool.membership, data.included]))
+    assert run.manifest.data.canaries["first_index"] == 60 and run.manifest.data.membership.scheme == "bernoulli"
+    res = audit.attack(run.run_dir, train_fn=lambda idx, seed: fit(Subset(train, idx), seed, epochs=2),
+                       overrides={"attack.n_reference": 2})
+    assert res.membership.shape == (60,) and np.array_equal(res.membership, pool.membership)
+    sources = {e.source for e in audit.epsilon(run.run_dir).estimates}
+    assert {"pool", "input_canaries", "gradient_canaries"} <= sources
+    out = CliRunner().invoke(main, ["attack", str(run.run_dir)])
+    assert out.exit_code == 2 and "audit.attack(" in out.output and "train_fn=train_fn" in out.output
+    assert out.output.strip().count("\n") == 0, out.output

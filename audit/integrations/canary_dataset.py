@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from audit.integrations.audit_pool import AuditPool
 from foundation.io import fingerprint_arrays
 from training.input_canaries import canary_rng, noise_tensors, pick_sources, wrong_labels
 from training.pool import draw_membership
@@ -46,7 +47,8 @@ class CanaryDataset(Dataset):
         num_classes: number of classes (labels are in ``[0, num_classes)``).
         source: held-out ``(x, y)`` dataset the mislabelled canaries are drawn from (do not evaluate on those
             items afterwards: :attr:`source_indices` lists them).
-        seed: integer seed of the draw (which items, which labels, which canaries are included).
+        seed: integer seed of the draw (which items, which labels, which canaries are included; over an
+            :class:`~audit.integrations.audit_pool.AuditPool`, inclusion continues the pool's own draw instead).
 
     Raises:
         ValueError: a malformed argument (the message names it).
@@ -89,7 +91,11 @@ class CanaryDataset(Dataset):
             raise ValueError(f"source items have shape {tuple(x.shape[1:])}, the dataset's have {shape}")
         self.canary_x = x.numpy().astype(np.float32)
         self.canary_y = np.asarray(y, dtype=np.int64)
-        self.included = draw_membership(self.count, p=0.5, seed=self.seed)
+        if isinstance(dataset, AuditPool):  # one Bernoulli(1/2) draw over pool and canaries from the pool's seed,
+            n_pool = dataset.size           # as audit train draws a pool with its canaries (recorded as one scheme)
+            self.included = draw_membership(n_pool + self.count, p=0.5, seed=dataset.seed)[n_pool:]
+        else:
+            self.included = draw_membership(self.count, p=0.5, seed=self.seed)
         self._served = np.flatnonzero(self.included)
 
     @property
