@@ -26,9 +26,10 @@ def test_command_on_a_run_writes_mechanism_json_and_the_report_shows_it(tmp_path
     assert res.exit_code == 0, res.output
     assert "engine bk/per_layer" in res.output and "verdict: CONSISTENT" in res.output
     m = read_mechanism(run)
-    assert m is not None and m.claimed_epsilon == 4.5 and m.trials_in + m.trials_out == 4000
+    trials = m.trials_in + m.trials_out  # whole runs of the run's n examples (2 n canaries each) from 4,000 up
+    assert m is not None and m.claimed_epsilon == 4.5 and 4000 <= trials < 4000 + m.canaries_per_run
     md = write_report(run_dir=run, load_images=False, generated="2025-01-02T03:04:05+00:00").markdown.read_text()
-    assert "Mechanism audit (`audit mechanism`, engine bk/per\\_layer, 4,000 Dirac-canary trials): **CONSISTENT**" in md
+    assert f"Mechanism audit (`audit mechanism`, engine bk/per\\_layer, {trials:,} Dirac-canary trials): **CONSISTENT**" in md
 
 
 def test_command_on_options_and_bad_input(tmp_path: Path) -> None:

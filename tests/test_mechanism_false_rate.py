@@ -70,3 +70,16 @@ def test_exact_false_violation_probability_agrees_with_the_estimator_and_is_far_
     with pytest.raises(ValueError, match="full-batch"):
         false_violation_probability(MechanismClaim.from_accountant(noise_multiplier=1.0, sample_rate=0.1, steps=2,
                                                                    delta=1e-5), trials=100)
+
+
+def test_a_population_sampler_draws_the_runs_batches_and_keeps_only_the_canaries():
+    """With population n the sampler draws from n examples at rate B/n and the canaries are the first members of
+    them: each member canary is in a step's batch with probability q, non-members never (σ → 0 shows b itself)."""
+    spec = EngineSpec(noise_multiplier=1e-5, sample_rate=7 / 3001, steps=200, canaries=400, population=3001)
+    o = engine_observations(spec, seed=0)
+    b = np.round(o.x).astype(int)
+    assert set(np.unique(b)) <= {0, 1} and not b[~o.members].any()
+    k = b[o.members].sum()
+    assert abs(k - 200 * 200 * 7 / 3001) < 4 * math.sqrt(200 * 200 * 7 / 3001), k
+    with pytest.raises(ValueError, match="population"):
+        EngineSpec(noise_multiplier=1.0, sample_rate=0.5, steps=1, canaries=400, population=100)

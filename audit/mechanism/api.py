@@ -39,7 +39,8 @@ def audit_mechanism(*, noise_multiplier: float, sample_rate: float, steps: int, 
                     max_grad_norm: float = 1.0, clipping: str = "flat", grad_sample_mode: str = "hooks",
                     trials: int = 20_000, canaries_per_run: int = 2000, alpha: float = 0.05, seed: int = 0,
                     accountant: str = "prv", claimed_epsilon: float | None = None, mutant: str | None = None,
-                    sampling: str = "poisson", run_dir: str | Path | None = None) -> MechanismResult:
+                    sampling: str = "poisson", population: int | None = None,
+                    run_dir: str | Path | None = None) -> MechanismResult:
     """Audit the project's DP-SGD engine at (σ, q, T, C) with ``trials`` Dirac canaries (half members).
 
     Args:
@@ -54,6 +55,9 @@ def audit_mechanism(*, noise_multiplier: float, sample_rate: float, steps: int, 
         accountant: the accountant of the claim; ``claimed_epsilon`` overrides its ε (e.g. a manifest's).
         mutant: plant a bug (:mod:`audit.mechanism.mutants`; tests and benchmarks only).
         sampling: the batch sampler, ``poisson`` or ``shuffle`` (a run's ``privacy.sampling``).
+        population: the examples the sampler draws from (a run's n; ``q · population`` whole), of which each run's
+            ``canaries_per_run / 2`` members are the canaries (:class:`~audit.mechanism.engine_target.EngineSpec`);
+            default the members.
         run_dir: write ``mechanism.json`` there.
 
     Returns:
@@ -67,7 +71,7 @@ def audit_mechanism(*, noise_multiplier: float, sample_rate: float, steps: int, 
     try:
         spec = EngineSpec(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=int(steps),
                           max_grad_norm=max_grad_norm, clipping=clipping, grad_sample_mode=grad_sample_mode,
-                          canaries=canaries_per_run, sampling=sampling)
+                          canaries=canaries_per_run, sampling=sampling, population=population)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     t0 = time.process_time()
@@ -114,9 +118,15 @@ def audit_run_mechanism(run_dir: str | Path, *, trials: int = 20_000, canaries_p
         raise UserError(f"{run_dir} has {len(phases)} DP phases; audit mechanism audits one phase: use "
                         "audit.audit_mechanism(...) with each phase's σ, q, T")
     ph = phases[0]
+    population = None
+    if ph.batch_size and ph.sample_rate:  # the run's n: its sampler's batches exactly (q = B / n)
+        population = int(round(ph.batch_size / ph.sample_rate))
+        if population < canaries_per_run // 2:  # fewer examples than member canaries: the members are the n
+            canaries_per_run, population = 2 * population, None
     return audit_mechanism(noise_multiplier=float(ph.noise_multiplier), sample_rate=float(ph.sample_rate),
                            steps=int(ph.steps), delta=float(p.delta), max_grad_norm=float(ph.max_grad_norm or 1.0),
                            clipping=ph.clipping or "flat", grad_sample_mode=ph.grad_sample_mode or "hooks",
                            trials=trials, canaries_per_run=canaries_per_run, alpha=alpha, seed=seed,
                            accountant=p.accountant or "prv", claimed_epsilon=float(p.epsilon),
-                           sampling=ph.sampling or "poisson", run_dir=run_dir if write else None)
+                           sampling=ph.sampling or "poisson", population=population,
+                           run_dir=run_dir if write else None)

@@ -31,7 +31,7 @@ from foundation.errors import ConfigError, UserError
 
 __all__ = ["ConfigClaim", "config_claim", "audit_config_mechanism", "default_out"]
 
-MIN_MEMBERS_PER_RUN = 1000
+MEMBERS_PER_RUN = 1000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,10 +54,10 @@ class ConfigClaim:
 
     @property
     def members_per_run(self) -> int:
-        """Members per probe run: a multiple of n / gcd(B, n), so that q × members is a whole batch, and at least
-        :data:`MIN_MEMBERS_PER_RUN` (or n when n is smaller)."""
-        unit = self.n // math.gcd(self.batch_size, self.n)
-        return unit * max(1, math.ceil(min(MIN_MEMBERS_PER_RUN, self.n) / unit))
+        """Member canaries per probe run: :data:`MEMBERS_PER_RUN`, or n when n is smaller. The sampler draws from
+        all n examples at the config's batch size (the canaries are some of them), so its batches are exactly
+        the config's."""
+        return min(MEMBERS_PER_RUN, self.n)
 
 
 def config_claim(cfg) -> ConfigClaim:
@@ -108,7 +108,7 @@ def audit_config_mechanism(cfg, *, trials: int = 20_000, alpha: float = 0.05, se
 
     Args:
         cfg: a validated :class:`~training.config.TrainConfig` (an ``audit run`` config's ``train_config()``).
-        trials: canary trials in all (half members); whole probe runs of :attr:`ConfigClaim.members_per_run`.
+        trials: canary trials in all (half members); whole probe runs of twice :attr:`ConfigClaim.members_per_run`.
         alpha: significance level of the ε lower bound.
         seed: seeds the probe runs.
         out: directory to write ``mechanism.json`` into (created), or None.
@@ -125,7 +125,7 @@ def audit_config_mechanism(cfg, *, trials: int = 20_000, alpha: float = 0.05, se
                   delta=claim.delta, max_grad_norm=claim.max_grad_norm, clipping=claim.clipping,
                   grad_sample_mode=claim.grad_sample_mode, trials=max(int(trials), m), canaries_per_run=m,
                   alpha=alpha, seed=seed, accountant=claim.accountant, claimed_epsilon=claim.epsilon,
-                  sampling=claim.sampling)
+                  sampling=claim.sampling, population=claim.n)
     result = audit_mechanism(**kwargs)  # nothing is written until the audit has succeeded
     if out is not None:
         from audit.mechanism.result import write_mechanism

@@ -35,7 +35,7 @@ class EngineSpec:
 
     Attributes:
         noise_multiplier: σ > 0 (as claimed).
-        sample_rate: q in (0, 1]; ``q · canaries / 2`` must be a whole number (the expected batch size B).
+        sample_rate: q in (0, 1]; ``q · population`` must be a whole number (the expected batch size B).
         steps: T ≥ 1.
         max_grad_norm: C > 0.
         clipping: ``flat``, ``per_layer`` or ``automatic``.
@@ -44,6 +44,9 @@ class EngineSpec:
         canaries: m per run, even, ≥ 2 (half of them members).
         sampling: ``poisson`` (what the claim assumes) or ``shuffle`` (fixed-size batches of a shuffled epoch),
             the batch sampler a run with ``privacy.sampling`` set so uses.
+        population: the number of examples the sampler draws from (a run's n, so its batches are exactly the run's:
+            rate B/n, or fixed batches of B); the member canaries are the first ``members`` of them and the others'
+            gradients, orthogonal to every canary, are left out. Default: the members.
     """
 
     noise_multiplier: float
@@ -54,6 +57,7 @@ class EngineSpec:
     grad_sample_mode: str = "hooks"
     canaries: int = 2000
     sampling: str = "poisson"
+    population: int | None = None
 
     def __post_init__(self) -> None:
         if self.sampling not in ("poisson", "shuffle"):
@@ -66,18 +70,26 @@ class EngineSpec:
             raise ValueError(f"canaries must be an even number >= 2, got {self.canaries!r}")
         if not 0.0 < self.sample_rate <= 1.0:
             raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
-        b = self.sample_rate * self.members
-        if abs(b - round(b)) > 1e-9 or round(b) < 1:
-            raise ValueError(f"sample_rate × members = {self.sample_rate} × {self.members} = {b:g} must be a whole "
-                             "number >= 1 (the expected batch size); change canaries")
+        if self.population is not None and self.population < self.members:
+            raise ValueError(f"population must be >= the {self.members} member canaries, got {self.population!r}")
+        b = self.sample_rate * self.n
+        if abs(b - round(b)) > 1e-6 * max(1.0, b) or round(b) < 1:
+            raise ValueError(f"sample_rate × {'population' if self.population else 'members'} = {self.sample_rate} × "
+                             f"{self.n} = {b:g} must be a whole number >= 1 (the expected batch size); change "
+                             "canaries")
 
     @property
     def members(self) -> int:
         return self.canaries // 2
 
     @property
+    def n(self) -> int:
+        """The examples the sampler draws from: ``population`` or the members."""
+        return self.population if self.population is not None else self.members
+
+    @property
     def batch_size(self) -> int:
-        return int(round(self.sample_rate * self.members))
+        return int(round(self.sample_rate * self.n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +136,14 @@ def engine_observations(spec: EngineSpec, *, seed: int, mutant: str | None = Non
                                loss_fn=probe_loss)
     if mutant is not None:
         apply_mutant(stepper, mutant)
-    real_batch = min(n, int(round(B * RATE_SCALE.get(mutant, 1.0))))
-    sampler = make_sampler(sampling=spec.sampling, n=n, batch_size=real_batch, seed=int(rng.integers(2**31)))
+    real_batch = min(spec.n, int(round(B * RATE_SCALE.get(mutant, 1.0))))
+    sampler = make_sampler(sampling=spec.sampling, n=spec.n, batch_size=real_batch, seed=int(rng.integers(2**31)))
     signs = alternating_signs(spec.steps)
     x = np.empty((m, spec.steps))
     try:
         for t in range(spec.steps):
-            idx = member_ids[sampler.indices(t)]
+            local = np.asarray(sampler.indices(t))
+            idx = member_ids[local[local < n]]
             inputs = canary_inputs(idx, m, max_grad_norm=spec.max_grad_norm)
             targets = torch.full((len(idx),), float(signs[t]))
             before = flat_weights(model)

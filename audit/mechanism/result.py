@@ -94,22 +94,26 @@ def make_result(*, target: str, claim: MechanismClaim, max_grad_norm: float, run
         seed=int(seed), mutant=mutant, verdict=v.model_dump(mode="json")))
 
 
-def _identity(run_dir: Path) -> dict | None:
-    """The run's claim-bound evidence identity when ``run_dir`` is a run directory, else None."""
+def _run(run_dir: Path):
+    """``run_dir``'s manifest when it is a run directory, else None."""
     from foundation.files import MANIFEST_FILE
-    from training.run.freshness import evidence_identity
     from training.run.manifest import read_manifest
 
-    if not (run_dir / MANIFEST_FILE).is_file():
-        return None
-    return evidence_identity(read_manifest(run_dir))
+    return read_manifest(run_dir) if (run_dir / MANIFEST_FILE).is_file() else None
+
+
+def _identity(manifest) -> dict | None:
+    """The run's claim-bound evidence identity, or None outside a run directory."""
+    from training.run.freshness import evidence_identity
+
+    return None if manifest is None else evidence_identity(manifest)
 
 
 def write_mechanism(run_dir: str | Path, result: MechanismResult) -> Path:
     """Write ``mechanism.json`` into ``run_dir`` (atomically, signed with the auditor's evidence key; in a run
     directory bound to the run and its claim, so an edited claim makes it stale)."""
     path = Path(run_dir) / MECHANISM_FILE
-    ident = _identity(Path(run_dir))
+    ident = _identity(_run(Path(run_dir)))
     write_result(path, result, identity=ident if ident is not None else {"mechanism": "standalone"})
     return path
 
@@ -119,5 +123,8 @@ def read_mechanism(run_dir: str | Path) -> MechanismResult | None:
     path = Path(run_dir) / MECHANISM_FILE
     if not path.is_file():
         return None
-    return read_result(path, MechanismResult, fmt=MECHANISM_FORMAT, remake=f"audit mechanism {run_dir}",
-                       identity=_identity(Path(run_dir)))
+    manifest = _run(Path(run_dir))
+    remake = f"audit mechanism {run_dir}"
+    if manifest is not None and manifest.training.get("recipe") == "opacus":
+        remake = "auditor.audit_mechanism() in the training script"
+    return read_result(path, MechanismResult, fmt=MECHANISM_FORMAT, remake=remake, identity=_identity(manifest))
