@@ -37,11 +37,11 @@ from audit.mechanism.estimate import MechanismClaim, mechanism_estimate, thresho
 from audit.mechanism.family import refutes
 from audit.mechanism.scoring import simulate_observations, trial_scores
 
-__all__ = ["false_violation_probability", "simulated_false_violations"]
+__all__ = ["false_violation_probability", "simulated_false_violations", "claim_mu"]
 
 
-def _mu_star(claim: MechanismClaim) -> float:
-    """The GDP μ whose ε at δ is the claimed ε: the rule says VIOLATION iff μ_lb exceeds it."""
+def claim_mu(claim: MechanismClaim) -> float:
+    """The GDP μ whose ε at δ is the claimed ε: a full-batch VIOLATION is μ_lb above it."""
     f = lambda mu: eps_from_mu(mu=mu, delta=claim.delta) - claim.epsilon  # noqa: E731
     hi = 1.0
     while f(hi) < 0:
@@ -50,7 +50,8 @@ def _mu_star(claim: MechanismClaim) -> float:
 
 
 def false_violation_probability(claim: MechanismClaim, *, trials: int, alpha: float = 0.05, draws: int = 1_000_000,
-                                rng: np.random.Generator | int | None = 0) -> float:
+                                rng: np.random.Generator | int | None = 0, details: bool = False
+                                ) -> float | tuple[float, float, float]:
     """Probability that the verdict is VIOLATION for an honest full-batch implementation of ``claim``.
 
     Args:
@@ -60,8 +61,10 @@ def false_violation_probability(claim: MechanismClaim, *, trials: int, alpha: fl
         draws: simulated audits.
         rng: seed or generator.
 
+        details: also return the mean and standard deviation of μ_lb over the draws.
+
     Returns:
-        The fraction of the ``draws`` audits that were VIOLATION.
+        The fraction of the ``draws`` audits that were VIOLATION (with ``details``: and μ_lb's mean and sd).
 
     Raises:
         ValueError: for q < 1 (no closed-form score law) or fewer than 2 trials.
@@ -80,14 +83,18 @@ def false_violation_probability(claim: MechanismClaim, *, trials: int, alpha: fl
     mu = math.sqrt(claim.steps) / claim.noise_multiplier
     edges = np.concatenate([[-np.inf], grid, [np.inf]]) / mu  # score / μ ~ N(∓μ/2, 1)
     p_out, p_in = np.diff(special.ndtr(edges + mu / 2)), np.diff(special.ndtr(edges - mu / 2))
-    mu_star, bad, done = _mu_star(claim), 0, 0
+    mu_star, bad, done, s1, s2 = claim_mu(claim), 0, 0, 0.0, 0.0
     while done < draws:
         k = min(100_000, draws - done)
         fp = n - np.cumsum(rng.multinomial(n, p_out, size=k), axis=1)[:, :-1]  # out scores >= threshold j
         fn = np.cumsum(rng.multinomial(n, p_in, size=k), axis=1)[:, :-1]  # in scores < threshold j
-        bad += int(((z_fp[fp] - z_fn[fn]).max(axis=1) > mu_star).sum())
-        done += k
-    return bad / draws
+        mu_lb = (z_fp[fp] - z_fn[fn]).max(axis=1)
+        bad += int((mu_lb > mu_star).sum())
+        s1, s2, done = s1 + float(mu_lb.sum()), s2 + float(np.square(mu_lb).sum()), done + k
+    if not details:
+        return bad / draws
+    mean = s1 / draws
+    return bad / draws, mean, math.sqrt(max(s2 / draws - mean * mean, 0.0))
 
 
 def simulated_false_violations(claim: MechanismClaim, *, trials: int, seeds: range, alpha: float = 0.05,
