@@ -109,6 +109,21 @@ def test_epsilon_uses_the_pool_and_the_report_has_no_dead_hints(attacked):
     md = paths.markdown.read_text()
     assert "your own training code" in md and "reference models" in md
     assert paths.report.attacks.ran and paths.report.attacks.strongest
+    from pathlib import Path
+
+    policy = Path(__file__).resolve().parents[1] / "eval_configs" / "gates" / "default.yaml"
+    gate = audit.gate(run_dir, run_dir, policy=policy)    # every rule decided on the auditor's attack results
+    by_rule = {r.rule: r for r in gate.rules}
+    assert by_rule["max_auc"].passed is not None and by_rule["max_claimed_epsilon"].passed is False  # ε ≈ 4000
+    assert gate.strongest_attack["candidate"] == paths.report.attacks.strongest
+
+
+def test_a_pooled_run_is_hinted_to_the_api_before_its_attack(tmp_path):
+    run_dir, _ = _small_run(tmp_path)
+    audit.epsilon(run_dir)
+    paths = audit.report(run_dir)
+    for text in (paths.markdown.read_text(), paths.html.read_text()):
+        assert "train_fn=train_fn)" in text and "audit attack " not in text and "audit transfer " not in text
 
 
 def test_train_fn_gets_the_recorded_members_and_seeds(attacked):

@@ -227,6 +227,10 @@ def pool_evidence(*, run: VerifiedRun, attack: str) -> Evidence | Skipped:
     why = inclusion_is_half(manifest, canaries=False)
     if why is not None:
         return Skipped("pool", why)
+    if str(manifest.model.arch).startswith("user-model/") and not (run_dir / SCORES_FILE).is_file():
+        # an OpacusAuditor run over an audit.AuditPool, not attacked yet: its canaries still audit it
+        return Skipped("pool", f"no attack scores yet ({SCORES_FILE}): your training function makes them, "
+                               f"audit.attack({str(run_dir)!r}, train_fn=train_fn)")
     arrays, sha = read_scores(run_dir, attack=attack, identity=evidence_identity(run, claim=False),
                               n_pool=membership.size)
     index = arrays["pool_index"]
