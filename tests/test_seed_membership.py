@@ -133,3 +133,20 @@ def test_the_ke_rows_quote_the_non_dp_reference_only_where_it_is_archived(tmp_pa
     assert ff.nondp_reference("gpu_full") == {"lp-nondp": [0.40, 0.42], "fft-nondp": [0.50, 0.52]}
     text = ff.nondp_text("gpu_full")
     assert "LP 41.0 ± 1.4 %" in text and "FFT 51.0 ± 1.4 %" in text and "2 seeds" in text
+
+
+def test_the_budget_split_prose_states_what_dp_costs_once_the_reference_is_archived(monkeypatch):
+    """The committed gpu_full table read back with a non-DP reference: DP's cost is the reference's mean minus the
+    table's DP mean, and the paragraph quotes it instead of saying there is no reference."""
+    from experiments.findings import facts_tables, finetune as ff
+    from experiments.findings.prose_law import _budget_split
+
+    monkeypatch.setattr(ff, "nondp_reference", lambda scale: {})
+    f = facts_tables.budget_split()
+    assert "bs_ref_lp" not in f and "has no reference" in _budget_split({**f, "bss_source": "x", "bss_p_fft1": "y"})
+    monkeypatch.setattr(ff, "nondp_reference", lambda scale: {"lp-nondp": [0.40, 0.42], "fft-nondp": [0.50, 0.52]})
+    f = facts_tables.budget_split()
+    table = facts_tables.budget_table("gpu_full")["rows"]
+    assert f["bs_cost_lp8"] == f"{41.0 - table[('lp', 8)][0]:.1f}" and f["bs_ref_seeds"] == "2"
+    text = _budget_split({**f, "bss_source": "x", "bss_p_fft1": "y"})
+    assert "no reference" not in text and f"FFT {f['bs_cost_fft8']} ({f['bs_fft8']} %)" in text

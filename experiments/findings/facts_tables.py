@@ -5,8 +5,9 @@ those files, every statistic as the table printed it."""
 from __future__ import annotations
 
 import re
+import statistics
 
-from experiments.findings.numbers import p2, thousands
+from experiments.findings.numbers import ms_pct, p2, thousands
 from experiments.findings.rows import OUT
 
 _KEYS = {"DP-LP (head only)": "lp", "DP-FFT (all parameters)": "fft"}
@@ -67,8 +68,17 @@ def budget_split(scale: str = "gpu_full", small: str = "cpu_hour") -> dict[str, 
         "bs_fft8_gap": f"+{min(gaps(8, 'fft')):.1f}-{max(gaps(8, 'fft')):.1f}",
         "bs_p_fft8": p2(_p(best_p(8, "fft"))) if "<" not in best_p(8, "fft") else best_p(8, "fft"),
         "bs_drift": f"{(rows[('fft', 1)][3] + rows[('fft', 8)][3]) / 2:.2f}" if rows[("fft", 1)][3] else "?",
-        "bs_runs": t["runs"],
+        "bs_runs": t["runs"], "bs_fft8": f"{rows[('fft', 8)][0]:.1f}",
     }
+    from experiments.findings.finetune import nondp_reference
+
+    ref = nondp_reference(scale)
+    if "lp-nondp" in ref and "fft-nondp" in ref:  # the non-DP reference: what DP costs (table means, rounded)
+        lp, fft = statistics.mean(ref["lp-nondp"]), statistics.mean(ref["fft-nondp"])
+        f.update({"bs_ref_lp": ms_pct(ref["lp-nondp"]), "bs_ref_fft": ms_pct(ref["fft-nondp"]),
+                  "bs_ref_seeds": str(min(len(ref["lp-nondp"]), len(ref["fft-nondp"]))),
+                  "bs_cost_lp8": f"{100 * lp - rows[('lp', 8)][0]:.1f}",
+                  "bs_cost_fft8": f"{100 * fft - rows[('fft', 8)][0]:.1f}"})
     s = budget_table(small)
     if s and s["holm"]:
         f.update({"bss_source": s["source"], "bss_p_fft1": min((v for (e, _, b), v in s["holm"].items()

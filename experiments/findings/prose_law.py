@@ -41,6 +41,18 @@ def _law(f: dict) -> str:
 
 
 def _budget_split(f: dict) -> str:
+    if "bs_ref_lp" in f:
+        limits = (
+            f"One limit: the {f['bs_runs']} per-seed DP runs at `gpu_full` are not archived (their tests use the "
+            "committed table's rounded mean ± SD). What DP costs here is measured since: the same source fine-tuned "
+            f"without DP (same steps and learning rates, {f['bs_ref_seeds']} seeds) reaches {f['bs_ref_lp']} % by LP "
+            f"and {f['bs_ref_fft']} % by FFT, so at ε = 8 DP costs LP {f['bs_cost_lp8']} points (DP-LP's "
+            f"{f['bs_lp8']} %) and FFT {f['bs_cost_fft8']} ({f['bs_fft8']} %).")
+    else:
+        limits = (
+            f"Two limits: the {f['bs_runs']} per-seed runs at `gpu_full` are not archived (their tests use the "
+            "committed table's rounded mean ± SD), and no non-DP fine-tuning of either source on this task was run, "
+            f"so what DP costs here (DP-LP's {f['bs_lp8']} % from a {f['bs_source']} % source) has no reference.")
     return (
         f"* **Ke et al.'s budget split at full size (`gpu_full`: a {f['bs_source']} % ResNet-20 source, "
         f"{f['bs_steps']} DP steps on the Food-101 slice, {f['bs_seeds']} seeds).** LP-FFT beats DP-LP at ε = 8 by "
@@ -51,10 +63,7 @@ def _budget_split(f: dict) -> str:
         f"as far at ε = 1 as at ε = 8 ({f['bs_drift']}): DP-AdamW normalises each update. At `cpu_hour` (the small "
         f"CNN, a {f['bss_source']} % source) the picture was the other way round: LP-FFT beat FFT (ε = 1: Holm "
         f"{f['bss_p_fft1']}) but not LP, which was better at ε = 1. So which baseline LP-FFT beats depends on the "
-        "source: against LP once the source is good, against FFT when it is weak. Two limits: the "
-        f"{f['bs_runs']} per-seed runs at `gpu_full` are not archived (their tests use the committed table's rounded "
-        "mean ± SD), and no non-DP fine-tuning of either source on this task was run, so what DP costs here (DP-LP's "
-        f"{f['bs_lp8']} % from a {f['bs_source']} % source) has no reference.")
+        f"source: against LP once the source is good, against FFT when it is weak. {limits}")
 
 
 def _ke_arm(f: dict) -> str:
