@@ -85,6 +85,9 @@ def _ke_arm(f: dict) -> str:
 
 
 def _against_issue(f: dict) -> str:
+    mia = (f" The membership claim is tested with the suite's strongest attack (LiRA / RMIA, {f['mi_models']} models "
+           f"per training at `cpu_hour`): {f['mi_verdict']}; at `gpu_full` only LOSS / Attack-P ran, which could not "
+           "have found a leak at low FPR." if "mi_verdict" in f else "")
     return (
         "**Against the issue.** Every group of claims has now run at a scale whose non-DP baseline is past 60 %: the "
         f"`gpu_full` continual config ({f['gf_nondp']} %), the continual arm ({f['ca_nondp_mean']} %), the tr(H) arm "
@@ -93,7 +96,8 @@ def _against_issue(f: dict) -> str:
         f"{f['cvl_pre']} % ViT) and the 12-block ViT at ViT-Tiny's width (`gpu_full_vit_long`, {f['v_pre']} %). "
         "Inconclusive rows stay inconclusive: the tests did not separate the arms. Since issue 36 the verdicts are "
         "two-sided and claims of sameness are tested for equivalence, so a row can now say 'not reproduced' when the "
-        "data point the other way (the DP tr(H) curve, clipping's own cost, our decelerator threshold). The geometric "
+        f"data point the other way (the DP tr(H) curve, clipping's own cost, our decelerator threshold).{mia} The "
+        "geometric "
         "law on the 3-block "
         "CNN (`transfer.md`) is inconclusive as well: 3 points per fit leave 1 residual degree of freedom. "
         "`results/reference/seed_gpu/LEASES.md` has every lease as it ran and what each arm cost.")
