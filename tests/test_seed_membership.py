@@ -86,7 +86,7 @@ def test_the_arm_retrains_the_continual_arms_runs_keeps_its_signals_and_its_row_
     signals re-score to the same per-target metrics; the findings row prints TPR at 0.1 % FPR as not resolvable
     with 60 non-members per target (and 240 pooled), and gives a verdict."""
     from experiments.arms.bu import continual_arm
-    from experiments.arms.membership import load_signals, membership_arm, score_family
+    from experiments.arms.membership import load_signals, membership_arm, rescore_parts, score_family
     from experiments.findings import membership as fm
 
     res = membership_arm(TINY, signals_dir=tmp_path)
@@ -98,6 +98,18 @@ def test_the_arm_retrains_the_continual_arms_runs_keeps_its_signals_and_its_row_
     assert phi.shape == (4, 120, 2) and pop_phi.shape == (4, 60, 2) and keep.sum(axis=1).tolist() == [60] * 4
     again, _ = score_family(phi, keep, pop_phi)
     assert again["lira_online_auc"] == res["per_seed"]["nondp_lira_online_auc"]
+    part = tmp_path / "membership.s0.json"  # re-scored from the kept signals with other attacks: no training
+    part.write_text(json.dumps(res))
+    [done] = rescore_parts([part], tmp_path, attacks=("loss", "lira_online_fixed_var"))
+    back = json.loads(done.read_text())
+    assert back["per_seed"]["nondp_acc"] == res["per_seed"]["nondp_acc"]
+    assert "nondp_rmia_online_auc" not in back["per_seed"] and len(back["per_seed"]["nondp_loss_auc"]) == 4
+    assert back["per_seed"]["continual_lira_online_fixed_var_tpr_0.01"] == score_family(
+        *load_signals(tmp_path / "continual.safetensors"), attacks=("lira_online_fixed_var",))[0][
+        "lira_online_fixed_var_tpr_0.01"]
+    assert set(back["summary"]["nondp"]["pooled"]) == {"loss", "lira_online_fixed_var"}
+    with pytest.raises(ValueError, match="no signals"):
+        rescore_parts([part], tmp_path / "elsewhere")
     res = json.loads(json.dumps({**res, "scale_settings": {"epsilon": 8.0, "delta": 1e-5}}))
     monkeypatch.setattr(fm, "arm_result", lambda scale, arm: res if (scale, arm) == ("tiny_mia", "membership")
                         else None)

@@ -9,8 +9,9 @@ model ``i`` with seed ``i`` on the member half the continual arm's seed ``i`` us
 runs again), queries each on every private image and on the test images (a population OUT of every model) with
 and without a horizontal flip, and attacks every model in turn with the others of its family as references
 (:func:`attacks.registry.leave_one_out`, the LiRA paper's protocol). Every attack of
-:data:`attacks.registry.ATTACK_SPECS` that the suite runs by default is scored (LOSS, Attack-P, LiRA online and
-offline, RMIA online and offline, each as :func:`attacks.registry.configured_attack` builds it); per target, AUC and
+:data:`attacks.registry.ATTACK_SPECS` is scored (LOSS, Attack-P, calibrated LOSS, LiRA online and offline with
+per-example and with fixed variance, RMIA online and offline, each as :func:`attacks.registry.configured_attack`
+builds it); per target, AUC and
 TPR at 1 % and 0.1 % FPR with stratified-bootstrap 95 % intervals (:func:`attacks.metrics.compute_metrics`); pooled
 over the targets (the LiRA paper's ROC over all of them: ``membership_models`` × the non-members), the same with
 its intervals; and the strongest attack of each family by the suite's one definition (:mod:`attacks.strongest`,
@@ -29,12 +30,15 @@ import torch
 from experiments.arms.bu import FIXED_ARMS, continual_phases, member_half
 from experiments.arms.common import ArmScale, build, chosen_parts, load_arm_data, test_acc, train
 
-__all__ = ["MEMBERSHIP_FAMILIES", "MEMBERSHIP_ATTACKS", "FPRS", "membership_arm", "score_family", "load_signals"]
+__all__ = ["MEMBERSHIP_FAMILIES", "MEMBERSHIP_ATTACKS", "FPRS", "membership_arm", "score_family", "load_signals",
+           "rescore_parts"]
 
 #: the continual arm's trainings this arm can attack (the plateau rule's switch varies by seed: not a family)
 MEMBERSHIP_FAMILIES = FIXED_ARMS
-#: the attacks scored on every family (config names of :data:`attacks.registry.ATTACK_SPECS`)
-MEMBERSHIP_ATTACKS = ("loss", "attack_p", "lira_online", "lira_offline", "rmia_online", "rmia_offline")
+#: the attacks scored on every family: every config name of :data:`attacks.registry.ATTACK_SPECS` (LiRA with
+#: per-example and with fixed variance, the latter the LiRA paper's choice for few reference models)
+MEMBERSHIP_ATTACKS = ("loss", "attack_p", "calibrated_loss", "lira_online", "lira_online_fixed_var", "lira_offline",
+                      "lira_offline_fixed_var", "rmia_online", "rmia_offline")
 #: the FPR levels reported (the issue's 1 % and 0.1 %)
 FPRS = (0.01, 0.001)
 _N_BOOT = 200
@@ -97,6 +101,36 @@ def load_signals(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     t = load_safetensors(path)
     return t["phi"].numpy(), t["keep"].numpy().astype(bool), t["pop_phi"].numpy()
+
+
+def rescore_parts(parts: list[Path], signals_dir: Path, *,
+                  attacks: tuple[str, ...] = MEMBERSHIP_ATTACKS) -> list[Path]:
+    """Re-score the membership arm's part files ``parts`` (one training each) from the signals they kept in
+    ``signals_dir`` with ``attacks``, without training: each part's attack metrics and summary are replaced, its
+    accuracies and settings kept, ``rescored_attacks`` recorded. Returns the parts rewritten.
+
+    Raises:
+        ValueError: a part whose signals are not in ``signals_dir``.
+    """
+    import json
+
+    from foundation.io import write_json
+
+    done = []
+    for path in parts:
+        part = json.loads(Path(path).read_text())
+        for fam in list(part.get("summary", {})):
+            sig = Path(signals_dir) / f"{fam}.safetensors"
+            if not sig.is_file():
+                raise ValueError(f"{path}: no signals for {fam!r} at {sig}; run the part again")
+            got, summ = score_family(*load_signals(sig), attacks=attacks)
+            kept = {k: v for k, v in part["per_seed"].items() if not k.startswith(f"{fam}_") or k == f"{fam}_acc"}
+            part["per_seed"] = {**kept, **{f"{fam}_{k}": v for k, v in got.items()}}
+            part["summary"][fam] = summ
+        part.update({"attacks": list(attacks), "rescored_attacks": list(attacks)})
+        write_json(path, part)
+        done.append(Path(path))
+    return done
 
 
 def membership_arm(scale: ArmScale, *, device="cpu", log: Callable[[str], None] | None = None,

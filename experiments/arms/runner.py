@@ -6,6 +6,7 @@ Usage (from the repository root; needs ``../shared/data``)::
     python -m experiments arms run continual trace ke ganesh vit --scale full  # issue 16's scale (a GPU)
     python -m experiments arms run ganesh --scale cpu_hour --seeds 0 1 2 3 4 --parts same_random  # some parts only
     python -m experiments arms run membership --scale cpu_hour_mia --seeds 0 --parts nondp scratch continual
+    python -m experiments arms rescore --scale cpu_hour_mia        # its kept signals scored again, no training
     python -m experiments findings --scale cpu                                # results/reference/seed_findings.md
     python -m experiments arms pretrained --scale cpu_vit_long  # the ViT arm's pre-trained model, whole test split
     python -m experiments arms adopt FILE --scale gpu_full_vit_long --sha256 HEX  # a lease's pre-training, here
@@ -236,6 +237,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments arms"
     p.add_argument("--parts", nargs="+", default=None,
                    help="with --seeds: only these parts of each seed (experiments.arms.SPLITS), each kept as its own "
                         "part file and not merged (the arm's JSON is left as it is)")
+    r = sub.add_parser("rescore", help="the membership arm's parts scored again from their kept signals (every "
+                       "attack of the suite; no training), then merged")
+    r.add_argument("--scale", choices=sorted(SCALES), default="cpu_hour_mia")
     m = sub.add_parser("merge", help="join the per-seed parts of arms (written by experiments/gpu/) into <arm>.json")
     m.add_argument("arms", nargs="+", choices=sorted(ARMS))
     m.add_argument("--scale", choices=sorted(SCALES), default="gpu")
@@ -260,6 +264,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments arms"
     if args.cmd == "pretrained":
         acc, n = pretrained_accuracy(args.scale)
         print(f"{args.scale}: the pre-trained ViT (seed 0) {100 * acc:.1f} % on {n} test images", flush=True)
+        return 0
+    if args.cmd == "rescore":
+        from experiments.arms.membership import rescore_parts
+
+        parts = sorted((OUT / args.scale / "parts").glob("membership.s*.json"))
+        try:
+            done = rescore_parts(parts, OUT / args.scale / "membership_signals")
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        got = merge("membership", args.scale)
+        print(f"membership: {len(done)} part(s) re-scored" + (f", merged: {sorted(got['summary'])}" if got else ""),
+              flush=True)
         return 0
     if args.cmd == "merge":
         for a in args.arms:
