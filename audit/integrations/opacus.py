@@ -9,6 +9,10 @@ A user adds a few lines to an existing script::
     auditor.finish(model)
 
 and ``audit epsilon results/my-run`` / ``audit report results/my-run`` then work as on a run made by ``audit train``.
+Built on an :class:`audit.AuditPool` (``DataLoader(audit.AuditPool(train, seed=0), ...)``: each example a member with
+probability 1/2, recorded), the run can also be attacked with LiRA and RMIA: ``audit.attack(run_dir,
+train_fn=train_fn)``, where ``train_fn(member_indices, seed)`` is the user's own training code returning one
+reference model (:mod:`attacks.train_fn_runner`).
 
 How (Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023, §5): m random unit
 directions u_i over the trainable parameters (:class:`training.dp.canaries.GradientCanaries`, the generator
