@@ -144,7 +144,10 @@ def test_the_ke_rows_quote_the_non_dp_reference_only_where_it_is_archived(tmp_pa
         {"finetune/gpu_full": {"lp-nondp": {"0": 0.40, "1": 0.42}, "fft-nondp": {"1": 0.52, "0": 0.50}}}))
     assert ff.nondp_reference("gpu_full") == {"lp-nondp": [0.40, 0.42], "fft-nondp": [0.50, 0.52]}
     text = ff.nondp_text("gpu_full")
-    assert "LP 41.0 ± 1.4 %" in text and "FFT 51.0 ± 1.4 %" in text and "2 seeds" in text
+    assert "LP 41.0 ± 1.4 % (2 seeds)" in text and "FFT 51.0 ± 1.4 % (2 seeds)" in text
+    (tmp_path / "seed_findings.per_seed.json").write_text(json.dumps({"finetune/gpu_full": {"lp-nondp": {"0": 0.25}}}))
+    text = ff.nondp_text("gpu_full")
+    assert "LP 25.0 % (1 seed)" in text and "FFT without DP not run" in text
 
 
 def test_the_budget_split_prose_states_what_dp_costs_once_the_reference_is_archived(monkeypatch):

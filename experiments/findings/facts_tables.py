@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from experiments.findings.numbers import ms_pct, p2, thousands
+from experiments.findings.numbers import mean_pct, ms_pct, p2, thousands
 from experiments.findings.rows import OUT
 
 _KEYS = {"DP-LP (head only)": "lp", "DP-FFT (all parameters)": "fft"}
@@ -79,6 +79,10 @@ def budget_split(scale: str = "gpu_full", small: str = "cpu_hour") -> dict[str, 
                   "bs_ref_seeds": str(min(len(ref["lp-nondp"]), len(ref["fft-nondp"]))),
                   "bs_cost_lp8": f"{100 * lp - rows[('lp', 8)][0]:.1f}",
                   "bs_cost_fft8": f"{100 * fft - rows[('fft', 8)][0]:.1f}"})
+    elif ref:  # one strategy's reference only: the other's cost stays unmeasured
+        (k, v), = ref.items()
+        f["bs_ref_partial"] = (f"only {'LP' if k == 'lp-nondp' else 'FFT'} was fine-tuned without DP "
+                               f"({ms_pct(v) if len(v) > 1 else mean_pct(v)} %, {len(v)} seed{'s' * (len(v) > 1)})")
     s = budget_table(small)
     if s and s["holm"]:
         f.update({"bss_source": s["source"], "bss_p_fft1": min((v for (e, _, b), v in s["holm"].items()

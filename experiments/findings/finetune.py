@@ -68,10 +68,15 @@ def nondp_text(scale: str) -> str:
     if not ref:
         return ("No non-DP fine-tuning of the same source on this task was run, so what DP costs here is not "
                 "measured.")
-    n = min(len(v) for v in ref.values())
-    return ("Without DP (the same source, steps and learning rates; " + ", ".join(
-        f"{label} {fmt_mean_sd(ref[k], '.1f', 100)} %" for k, label in NONDP_REFERENCE if k in ref)
-        + f"; {n} seeds, per seed in `seed_findings.per_seed.json`): what DP costs here.")
+
+    def one(values: list[float]) -> str:
+        n = len(values)
+        return (f"{fmt_mean_sd(values, '.1f', 100)} % ({n} seeds)" if n > 1 else f"{100 * values[0]:.1f} % (1 seed)")
+
+    missing = [label for k, label in NONDP_REFERENCE if k not in ref]
+    return ("Without DP (the same source, steps and learning rates; per seed in `seed_findings.per_seed.json`): "
+            + ", ".join(f"{label} {one(ref[k])}" for k, label in NONDP_REFERENCE if k in ref)
+            + (f"; {' and '.join(missing)} without DP not run" if missing else "") + ": what DP costs here.")
 
 
 def finetune_table_rows(scale: str) -> list[str]:

@@ -51,8 +51,10 @@ def _budget_split(f: dict) -> str:
     else:
         limits = (
             f"Two limits: the {f['bs_runs']} per-seed runs at `gpu_full` are not archived (their tests use the "
-            "committed table's rounded mean ± SD), and no non-DP fine-tuning of either source on this task was run, "
-            f"so what DP costs here (DP-LP's {f['bs_lp8']} % from a {f['bs_source']} % source) has no reference.")
+            "committed table's rounded mean ± SD), and "
+            + (f"{f['bs_ref_partial']}, so what DP costs here is measured for that one only" if "bs_ref_partial" in f
+               else "no non-DP fine-tuning of either source on this task was run, so what DP costs here (DP-LP's "
+                    f"{f['bs_lp8']} % from a {f['bs_source']} % source) has no reference") + ".")
     return (
         f"* **Ke et al.'s budget split at full size (`gpu_full`: a {f['bs_source']} % ResNet-20 source, "
         f"{f['bs_steps']} DP steps on the Food-101 slice, {f['bs_seeds']} seeds).** LP-FFT beats DP-LP at ε = 8 by "
