@@ -206,12 +206,11 @@ def _honest(store: dict) -> list[str]:
         f"{h['exact']:.2e} | {h['cpu']:.0f} |", "",
         "### The honest full-batch VIOLATION (seed 10000), investigated", "",
         *[f"- What it was (seed {v['seed']}): ε_lb = {v['eps_lb']:.3f} > claimed {h['claimed']:.3f} (μ_lb = "
-          f"{v['mu_lb']:.3f} against the μ = {h['mu_claim']:.3f} the claim allows): the members' noisy sums came out "
-          "high and the non-members' low in each of the audit's four runs. The bk row shares the seeds and the "
-          "noise draws, so it is the same event, not a second." for v in h.get("violating", [])],
+          f"{v['mu_lb']:.3f} against the μ = {h['mu_claim']:.3f} the claim allows). The bk row shares the seeds "
+          "and the noise draws, so it is the same event, not a second." for v in h.get("violating", [])],
         "- Not an implementation bug. What the auditor reads from the engine is b + s_t·z_t with z_t the engine's "
-        "own noise generator's N(0, σ²C²) draws, to 1e-5, for seed 10000 and others, for hooks, functorch, ghost, "
-        "bk and fused, flat and per-layer clipping (`tests/test_mechanism_false_rate.py::"
+        "own noise generator's N(0, σ²C²) draws, to 1e-5, for seed 10000 and another, for hooks and bk (flat and "
+        "per-layer clipping) and functorch, ghost and fused (flat) (`tests/test_mechanism_false_rate.py::"
         "test_engine_is_the_mechanism_math_with_its_own_noise_draws`): no noise or seed reuse, no wrong σ or C in "
         "the noise or in the score, no lost or extra step, no signal lost or added (with σ → 0 the reading is b "
         "itself).",
