@@ -74,7 +74,10 @@ def read_recorded_pool(run: VerifiedRun) -> tuple[np.ndarray, np.ndarray, np.nda
             x, y = npz["x"], npz["y"]
     except (KeyError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is not a pool file ({exc})") from None
-    size = rec.get("size")
+    size, seed = rec.get("size"), rec.get("seed")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, seed)):
+        raise CheckpointError(f"{run.run_dir}: the manifest's training.audit_pool must record the pool's size and "
+                              f"seed as integers >= 0: the run directory was edited")
     if x.dtype != np.float32 or y.ndim != 1 or y.dtype.kind not in "iu" or len(x) != len(y) or len(y) != size:
         raise CheckpointError(f"{path} must hold float32 x and integer y of {size} items")
     if fingerprint_arrays(x, y) != rec.get("fingerprint"):
@@ -84,7 +87,7 @@ def read_recorded_pool(run: VerifiedRun) -> tuple[np.ndarray, np.ndarray, np.nda
         raise CheckpointError(f"{path}: labels outside [0, {classes})")
     membership = run.membership
     mask = membership[:size]
-    if mask.size != size or not np.array_equal(mask, draw_membership(size, p=0.5, seed=int(rec.get("seed", -1)))):
+    if mask.size != size or not np.array_equal(mask, draw_membership(size, p=0.5, seed=seed)):
         raise CheckpointError(f"{run.run_dir}: membership.npy is not the Bernoulli(1/2) draw of the recorded pool "
                               f"seed: the run directory was edited")
     return x, y.astype(np.int64), mask.copy(), rec

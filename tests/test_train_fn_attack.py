@@ -254,3 +254,45 @@ def test_input_canaries_follow_the_pool_and_the_command_points_to_the_api(tmp_pa
     out = CliRunner().invoke(main, ["attack", str(run.run_dir)])
     assert out.exit_code == 2 and "audit.attack(" in out.output and "train_fn=train_fn" in out.output
     assert out.output.strip().count("\n") == 0, out.output
+
+
+def test_audit_pool_queries_and_an_edited_pool(tmp_path):
+    """A randomly augmenting dataset is refused before training (naming queries=); queries= records the clean
+    view; a pool.npz edited after training is refused in one line."""
+    from opacus import PrivacyEngine
+
+    from foundation.errors import CheckpointError
+
+    train = _data(40)
+
+    class Jitter(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(train)
+
+        def __getitem__(self, i):
+            x, y = train[i]
+            return x + 0.01 * torch.randn_like(x), y
+
+    model = _net()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(audit.AuditPool(Jitter(), seed=0), batch_size=10), noise_multiplier=1.0,
+            max_grad_norm=1.0)
+    with pytest.raises(ValueError, match="queries=dataset_with_the_test_transform"):
+        audit.OpacusAuditor(opt, PrivacyEngine(), loader, run_dir=tmp_path / "x")
+    pool = audit.AuditPool(Jitter(), seed=0, queries=train)
+    x, _ = pool.arrays()
+    assert np.array_equal(x, torch.stack([train[i][0] for i in range(len(train))]).numpy())
+    with pytest.raises(ValueError, match="same order"):
+        audit.AuditPool(Jitter(), queries=_data(10))
+
+    run_dir, small = _small_run(tmp_path)
+    with np.load(run_dir / "pool.npz") as z:
+        x, y = z["x"].copy(), z["y"].copy()
+    x[0] += 1.0
+    np.savez(run_dir / "pool.npz", x=x, y=y)
+    with pytest.raises(CheckpointError, match="pool.npz is missing or does not match the sha256"):
+        audit.attack(run_dir, train_fn=lambda idx, seed: fit(Subset(small, idx), seed, epochs=1),
+                     overrides={"attack.n_reference": 2})

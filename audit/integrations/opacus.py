@@ -173,6 +173,8 @@ class OpacusAuditor:
             if self.poisson else self.sample_rate
         self.loader_dataset = data_loader.dataset
         self.pool = find_pool(data_loader.dataset)  # an audit.AuditPool: the members the auditor drew (LiRA/RMIA)
+        if self.pool is not None:
+            self.pool.check_stable()  # before training: finish() records every item once
         self.n_examples = len(data_loader.dataset)
         if input_canaries is not None and data_loader.dataset is not input_canaries:
             raise ValueError("input_canaries must be the dataset the data loader serves (wrap the dataset with "
