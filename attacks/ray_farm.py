@@ -126,7 +126,8 @@ class RaySession:
         return self.ray.put(value)
 
     def run(self, fn: Callable[..., Any], tasks: Sequence[Any], *, shared: Any = None,
-            on_done: Callable[[int], None] | None = None) -> list[Any]:
+            on_done: Callable[[int], None] | None = None,
+            on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
         """Run ``fn(task, shared)`` for every task on Ray; return the results in task order.
 
         Args:
@@ -135,6 +136,7 @@ class RaySession:
             shared: one argument every task receives (put in the object store once; a ref from :meth:`put` is
                 passed as it is).
             on_done: called with a task's position in ``tasks`` each time one finishes.
+            on_result: called with a task's position and its result as it comes back (before ``on_done``).
 
         Raises:
             UserError: a task raised one (the first such error, after its retries); other task failures are
@@ -155,6 +157,8 @@ class RaySession:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
                     results[position[ref]] = _get(ray, ref)
+                    if on_result is not None:
+                        on_result(position[ref], results[position[ref]])
                     if on_done is not None:
                         on_done(position[ref])
         except BaseException:

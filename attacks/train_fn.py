@@ -172,8 +172,10 @@ def train_one(task: tuple[int, np.ndarray, int, bool], shared: Shared) -> Traine
 
 
 def train_reference_models(*, shared: Shared, keep: np.ndarray, seeds: Sequence[int], executor: str,
-                           ray: Any = None, on_done: Callable[[int], None] | None = None) -> list[Trained]:
-    """Train the K reference models ``keep`` describes with ``shared.train_fn``; the first also scores the target.
+                           ray: Any = None, todo: Sequence[int] | None = None, score_target: bool = True,
+                           on_done: Callable[[int], None] | None = None,
+                           on_model: Callable[[Trained], None] | None = None) -> list[Trained]:
+    """Train the reference models ``keep`` describes with ``shared.train_fn``; the first also scores the target.
 
     Args:
         shared: the function, the pool and the target's weights.
@@ -181,10 +183,14 @@ def train_reference_models(*, shared: Shared, keep: np.ndarray, seeds: Sequence[
         seeds: K seeds, model k gets ``seeds[k]``.
         executor: ``sequential`` or ``ray`` (:data:`EXECUTORS`).
         ray: an open :class:`attacks.ray_farm.RaySession` for ``ray``.
+        todo: the models to train (default: all K), in order.
+        score_target: the first model of ``todo`` also scores the target.
         on_done: called with the number of models finished so far.
+        on_model: called with each finished model as it comes back (sequential: before the next one starts; Ray:
+            as each task returns), so a caller can keep it even when a later model fails.
 
     Returns:
-        One :class:`Trained` per model, in keep-mask order.
+        One :class:`Trained` per model of ``todo``, in its order.
 
     Raises:
         UserError: an executor that cannot run a train_fn, or what :func:`check_returned` and
@@ -194,7 +200,9 @@ def train_reference_models(*, shared: Shared, keep: np.ndarray, seeds: Sequence[
         raise UserError(f"attack.executor {executor!r} cannot run a train_fn: 'batched' and 'processes' train "
                         f"dp-audit's own recipes; your train_fn trains one model per call, so use 'sequential' "
                         f"(default) or 'ray'")
-    tasks = [(k, np.flatnonzero(keep[k]).astype(np.int64), int(seeds[k]), k == 0) for k in range(len(keep))]
+    order = list(range(len(keep))) if todo is None else [int(k) for k in todo]
+    tasks = [(k, np.flatnonzero(keep[k]).astype(np.int64), int(seeds[k]), score_target and i == 0)
+             for i, k in enumerate(order)]
     if executor == "ray":
         done = [0]
 
@@ -203,10 +211,13 @@ def train_reference_models(*, shared: Shared, keep: np.ndarray, seeds: Sequence[
             if on_done is not None:
                 on_done(done[0])
 
-        return list(ray.run(train_one, tasks, shared=shared, on_done=tick))
+        return list(ray.run(train_one, tasks, shared=shared, on_done=tick,
+                            on_result=None if on_model is None else (lambda _i, t: on_model(t))))
     out = []
     for task in tasks:
         out.append(train_one(task, shared))
+        if on_model is not None:
+            on_model(out[-1])
         if on_done is not None:
             on_done(len(out))
     return out

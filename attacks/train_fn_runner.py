@@ -17,7 +17,10 @@ the target trained on (``membership.npy``, Bernoulli(1/2) from the recorded seed
    ``audit report`` and ``audit gate`` read it like any other run.
 
 A second call with the same settings, function name, pool and target re-uses the signed signals without calling
-``train_fn`` (``retrain_shadows=True`` trains again). Utility (``attack.json``'s ``utility``) is measured by the
+``train_fn``; a call that was interrupted or failed at a model resumes with the models it had not finished (each
+finished model is saved as it comes back: its weights and its signed ``shadows/<k>/reference.npz``);
+``retrain_shadows=True`` trains them all again. The function is known by its qualified name: after changing what
+it does, pass ``retrain_shadows=True``. Utility (``attack.json``'s ``utility``) is measured by the
 auditor on the pool: test accuracy on its non-members, train accuracy on its members.
 """
 
@@ -38,9 +41,9 @@ from attacks.config import AttackConfig
 from attacks.shadows import balanced_keep_masks, shadow_seeds
 from attacks.signal_cache import Signals, _read_cache, content_sha256
 from attacks.stage_log import StageLog, stage_ticker
-from attacks.train_fn import EXECUTORS, Shared, train_reference_models
+from attacks.train_fn import EXECUTORS, Shared, Trained, train_reference_models
 from foundation.errors import CheckpointError, UserError
-from foundation.evidence import sign_json, verify_json
+from foundation.evidence import read_signed_npz, sign_json, verify_json, write_signed_npz
 from foundation.files import INDEX_FILE, KEEP_FILE, POOL_FILE, SHADOW_DIR, SIGNALS_FILE, WEIGHTS_FILE
 from foundation.io import fingerprint_arrays, read_json, save_safetensors, sha256_file, write_json, write_npy
 from foundation.lock import run_lock
@@ -172,7 +175,7 @@ def _attack(path: Path, config: AttackConfig, train_fn: Callable[..., Any], *, r
     phi, index = (None, None) if retrain else _reuse(run, root, expected, keep, say)
     if phi is None:
         phi, index = _train(run, root, expected, settings, train_fn, x=x, y=y, keep=keep, seeds=seeds, mask=mask,
-                            say=say)
+                            retrain=retrain, say=say)
     truth = mask if settings.evaluation != "leave_one_out" else phi.keep[0]
     entries, scores = score_attacks(settings, phi, labels=y, truth=truth, n_reference=k, say=say)
     report = AttackFile.from_data({
@@ -220,64 +223,125 @@ def _reuse(run: VerifiedRun, root: Path, expected: dict[str, Any], keep: np.ndar
     return cached, {**index, "trained_now": 0}
 
 
+#: Per reference model, beside its weights: its signals (and, for the model that scored it, the target's), signed.
+REFERENCE_FILE = "reference.npz"
+
+
+def _model_identity(expected: dict[str, Any], k: int, seed: int) -> dict[str, Any]:
+    keys = ("pool_fingerprint", "target_weights_sha256", "train_fn", "augmentations")
+    return {**{key: expected[key] for key in keys}, "model": int(k), "seed": int(seed)}
+
+
+def _save_model(root: Path, t: Trained, identity: dict[str, Any]) -> None:
+    """Model ``t.k``'s weights, then its signed signals (the mark that it is finished)."""
+    weights = save_safetensors(root / str(t.k) / WEIGHTS_FILE, {n: torch.from_numpy(a) for n, a in t.state.items()})
+    arrays = {"phi": t.phi, "seconds": np.array(t.seconds), "weights_sha256": np.array(sha256_file(weights))}
+    if t.target_phi is not None:
+        arrays.update(target_phi=t.target_phi, target_pred=t.target_pred)
+    write_signed_npz(root / str(t.k) / REFERENCE_FILE, identity=identity, arrays=arrays)
+
+
+def _load_model(root: Path, k: int, identity: dict[str, Any]) -> Trained | None:
+    """Model k as an earlier, interrupted call finished it (signed for this identity, its weights intact), or None."""
+    path, weights = root / str(k) / REFERENCE_FILE, root / str(k) / WEIGHTS_FILE
+    if not path.is_file() or not weights.is_file():
+        return None
+    try:
+        z = read_signed_npz(path, remake="", identity=identity)
+    except CheckpointError:
+        return None
+    if "phi" not in z or sha256_file(weights) != str(z.get("weights_sha256")):
+        return None
+    return Trained(k=k, phi=z["phi"], state={}, seconds=float(z["seconds"]), target_phi=z.get("target_phi"),
+                   target_pred=z.get("target_pred"))
+
+
+def _resume(root: Path, expected: dict[str, Any], keep: np.ndarray, seeds: list[int], sign: dict[str, Any],
+            say: Callable[[str], None]) -> tuple[dict[str, Any] | None, dict[int, Trained]]:
+    """The signed index of an earlier call with the same expected record and keep masks, and the models it
+    finished (an interrupted or failed call resumes with the missing ones); ``(None, {})`` otherwise."""
+    index_path = root / INDEX_FILE
+    if root.is_symlink() or not index_path.is_file() or not (root / KEEP_FILE).is_file():
+        return None, {}
+    try:
+        index = verify_json(read_json(index_path, what="reference index"), path=index_path, remake="", identity=sign)
+    except CheckpointError:
+        return None, {}
+    if index.get("format") != TRAIN_FN_INDEX_FORMAT or any(index.get(k) != v for k, v in expected.items()) or \
+            index.get("keep_sha256") != sha256_file(root / KEEP_FILE) or index.get("seeds") != list(seeds) or \
+            not np.array_equal(np.load(root / KEEP_FILE, allow_pickle=False), keep):
+        return None, {}
+    done = {k: t for k in range(len(keep))
+            if (t := _load_model(root, k, _model_identity(expected, k, seeds[k]))) is not None}
+    if done:
+        say(f"resuming: {len(done)} of {len(keep)} reference models in {root} were finished by an earlier call")
+    return index, done
+
+
 def _train(run: VerifiedRun, root: Path, expected: dict[str, Any], settings: AttackConfig,
            train_fn: Callable[..., Any], *, x: np.ndarray, y: np.ndarray, keep: np.ndarray, seeds: list[int],
-           mask: np.ndarray, say: Callable[[str], None]) -> tuple[Signals, dict[str, Any]]:
-    """Train the K reference models with ``train_fn``, write their evidence and the signals; return both."""
-    if root.is_symlink():
-        root.unlink()
-    elif root.exists():
-        shutil.rmtree(root)
+           mask: np.ndarray, retrain: bool, say: Callable[[str], None]) -> tuple[Signals, dict[str, Any]]:
+    """Train the K reference models with ``train_fn`` (resuming an interrupted call's finished ones unless
+    ``retrain``), write their evidence and the signals; return both."""
     k = len(keep)
     sign = {"pool_fingerprint": expected["pool_fingerprint"]}
-    keep_path = write_npy(root / KEEP_FILE, keep)
-    index: dict[str, Any] = {"format": TRAIN_FN_INDEX_FORMAT, **expected, "seeds": list(seeds),
-                             "keep_sha256": sha256_file(keep_path), "target_run": run.manifest.run_name,
-                             "executor": None, "train_seconds": 0.0, "complete": False,
-                             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    write_json(root / INDEX_FILE, sign_json(index, identity=sign))
+    index, done = (None, {}) if retrain else _resume(root, expected, keep, seeds, sign, say)
+    if index is None:
+        if root.is_symlink():
+            root.unlink()
+        elif root.exists():
+            shutil.rmtree(root)
+        keep_path = write_npy(root / KEEP_FILE, keep)
+        index = {"format": TRAIN_FN_INDEX_FORMAT, **expected, "seeds": list(seeds),
+                 "keep_sha256": sha256_file(keep_path), "target_run": run.manifest.run_name,
+                 "executor": None, "train_seconds": 0.0, "complete": False,
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        write_json(root / INDEX_FILE, sign_json(index, identity=sign))
+    todo = [j for j in range(k) if j not in done]
+    scored = next((t for t in done.values() if t.target_phi is not None), None)
     executor = "sequential" if settings.executor == "auto" else settings.executor
     shared = Shared(train_fn=train_fn, x=x, y=y, spec=settings.augmentations,
                     target_state={n: t.numpy() for n, t in run.state_dict.items()},
                     num_classes=int(run.manifest.model.num_classes), batch_size=settings.signal_batch_size)
-    say(f"training {k} reference models with {expected['train_fn']} ({executor})")
-    tick = stage_ticker(say, "reference models trained (train_fn)", k)
+    say(f"training {len(todo)} of {k} reference models with {expected['train_fn']} ({executor})")
+    tick = stage_ticker(say, "reference models trained (train_fn)", len(todo))
+
+    def finished(t: Trained) -> None:  # saved as soon as it is back: an interrupted call loses no finished model
+        _save_model(root, t, _model_identity(expected, t.k, seeds[t.k]))
+        done[t.k] = t
+
     t0 = time.perf_counter()
     where = None
-    try:
-        if executor == "ray":
-            from attacks.ray_farm import ray_session
+    if todo and executor == "ray":
+        from attacks.ray_farm import ray_session
 
-            with ray_session(settings.ray_options()) as session:
-                where = session.where
-                done = train_reference_models(shared=shared, keep=keep, seeds=seeds, executor="ray", ray=session,
-                                              on_done=tick)
-        else:
-            done = train_reference_models(shared=shared, keep=keep, seeds=seeds, executor=executor, on_done=tick)
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)  # nothing half-made is left: the next call starts afresh
-        raise
+        with ray_session(settings.ray_options()) as session:
+            where = session.where
+            train_reference_models(shared=shared, keep=keep, seeds=seeds, executor="ray", ray=session, todo=todo,
+                                   score_target=scored is None, on_done=tick, on_model=finished)
+    elif todo:
+        train_reference_models(shared=shared, keep=keep, seeds=seeds, executor=executor, todo=todo,
+                               score_target=scored is None, on_done=tick, on_model=finished)
     seconds = time.perf_counter() - t0
-    models = []
-    for t in done:
-        weights = save_safetensors(root / str(t.k) / WEIGHTS_FILE, {n: torch.from_numpy(a) for n, a in t.state.items()})
-        models.append({"dir": str(t.k), "weights_sha256": sha256_file(weights), "seconds": round(t.seconds, 3)})
-    pred = done[0].target_pred
+    scored = next(t for t in done.values() if t.target_phi is not None)
+    models = [{"dir": str(j), "weights_sha256": sha256_file(root / str(j) / WEIGHTS_FILE),
+               "seconds": round(done[j].seconds, 3)} for j in range(k)]
+    pred = scored.target_pred
     utility = {"test_accuracy": float((pred[~mask] == y[~mask]).mean()) if (~mask).any() else None,
                "train_accuracy": float((pred[mask] == y[mask]).mean()) if mask.any() else None}
-    index = {**index, "models": models, "executor": executor, "train_seconds": seconds, "utility": utility,
+    used = executor if index.get("executor") in (None, executor) else f"{index['executor']}+{executor}"
+    index = {**index, "models": models, "executor": used, "utility": utility,
+             "train_seconds": float(index.get("train_seconds", 0.0)) + seconds,
              "utility_measured_on": "the pool: test = its non-members, train = its members", "complete": True}
     if where is not None:
         index["ray_address"] = where
     write_json(root / INDEX_FILE, sign_json(index, identity=sign))
     a = settings.augmentations.n_augmentations
-    pool_phi = np.stack([done[0].target_phi] + [t.phi for t in done]).astype(np.float32)
+    pool_phi = np.stack([scored.target_phi] + [done[j].phi for j in range(k)]).astype(np.float32)
     arrays = {"key": np.array(_signals_key(run, sha256_file(root / INDEX_FILE), expected["augmentations"])),
               "pool": pool_phi, "population": np.empty((k + 1, 0, a), dtype=np.float32),
               "population_index": np.zeros(0, dtype=np.int64), "keep": keep,
               "augmentations": np.array(settings.augmentations.names)}
-    from foundation.evidence import write_signed_npz
-
     path = run.run_dir / SIGNALS_FILE
     if path.is_symlink():
         path.unlink()
@@ -285,4 +349,4 @@ def _train(run: VerifiedRun, root: Path, expected: dict[str, Any], settings: Att
                      arrays={**arrays, "content_sha256": np.array(content_sha256(arrays))})
     return (Signals(pool=pool_phi, population=arrays["population"], population_index=arrays["population_index"],
                     keep=keep, augmentations=settings.augmentations.names, key=str(arrays["key"])),
-            {**index, "trained_now": k})
+            {**index, "trained_now": len(todo)})

@@ -199,7 +199,9 @@ def test_wrong_return_is_one_line_and_nothing_is_left(tmp_path, returned, words)
     with pytest.raises(UserError) as err:
         audit.attack(run_dir, train_fn=train_fn, overrides={"attack.n_reference": 2})
     assert words in str(err.value) and "\n" not in str(err.value)
-    assert not (run_dir / SHADOW_DIR).exists() and not (run_dir / ATTACK_FILE).exists()
+    assert not (run_dir / ATTACK_FILE).exists() and not (run_dir / SIGNALS_FILE).exists()
+    assert not (run_dir / SHADOW_DIR / "0").exists()   # no model half-kept; the index says incomplete
+    assert json.loads((run_dir / SHADOW_DIR / "index.json").read_text())["complete"] is False
 
 
 def test_wrong_output_shape_and_refusals(tmp_path):
@@ -218,7 +220,7 @@ def test_wrong_output_shape_and_refusals(tmp_path):
         audit.attack(run_dir, train_fn="fit", overrides={"attack.n_reference": 2})
     with pytest.raises(UserError, match=r"audit\.attack\(.*train_fn=train_fn\)"):   # the command points to the API
         audit.attack(run_dir)
-    assert not (run_dir / SHADOW_DIR).exists()
+    assert not (run_dir / SHADOW_DIR / "0").exists()
 
 
 def test_a_run_without_a_pool_is_refused_and_never_hinted(tmp_path):
@@ -296,3 +298,26 @@ def test_audit_pool_queries_and_an_edited_pool(tmp_path):
     with pytest.raises(CheckpointError, match="pool.npz is missing or does not match the sha256"):
         audit.attack(run_dir, train_fn=lambda idx, seed: fit(Subset(small, idx), seed, epochs=1),
                      overrides={"attack.n_reference": 2})
+
+
+def test_an_interrupted_call_resumes_with_the_missing_models(tmp_path):
+    """A train_fn that fails at model 2 of 4: the next call trains only models 2 and 3, and its signals equal those
+    of all four trained afresh (retrain_shadows=True)."""
+    run_dir, train = _small_run(tmp_path)
+    calls, fail = [], {"at": 2}
+
+    def train_fn(member_indices, seed):
+        if len(calls) == fail["at"]:
+            fail["at"] = -1
+            raise RuntimeError("interrupted")
+        calls.append(seed)
+        return fit(Subset(train, member_indices), seed, epochs=1)
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        audit.attack(run_dir, train_fn=train_fn, overrides={"attack.n_reference": 4})
+    resumed = audit.attack(run_dir, train_fn=train_fn, overrides={"attack.n_reference": 4})
+    assert resumed.shadows_trained == 2 and len(calls) == 4
+    phi = read_signed_npz(run_dir / SIGNALS_FILE, remake="")["pool"]
+    fresh = audit.attack(run_dir, train_fn=train_fn, retrain_shadows=True, overrides={"attack.n_reference": 4})
+    assert fresh.shadows_trained == 4 and len(calls) == 8
+    np.testing.assert_allclose(read_signed_npz(run_dir / SIGNALS_FILE, remake="")["pool"], phi, atol=1e-5)
