@@ -32,7 +32,8 @@ from audit.bounds._validate import check_alpha, check_count, check_counts_le, ch
 from audit.bounds.estimate import EpsilonEstimate
 from audit.bounds.guesses import best_guess_pair
 
-__all__ = ["one_run_pvalue", "epsilon_one_run", "epsilon_one_run_from_scores", "one_run_epsilon_bounds"]
+__all__ = ["one_run_pvalue", "epsilon_one_run", "epsilon_one_run_from_scores", "one_run_epsilon_bounds",
+           "k_grids"]
 
 _TOL = 1e-7
 _CHUNK_ELEMENTS = 1 << 21
@@ -211,3 +212,19 @@ def _check_rv_arrays(m: int, r: np.ndarray, v: np.ndarray) -> None:
     if np.any((v < 0) | (v > r)):
         i = np.flatnonzero(((v < 0) | (v > r)).reshape(-1))[0]
         raise ValueError(f"v must be in [0, r={int(r.reshape(-1)[i])}], got {int(v.reshape(-1)[i])}")
+
+
+def k_grids(m: int, *, points: int, guesses: str) -> tuple[np.ndarray, np.ndarray]:
+    """The one-run guess grid: ``points`` geometric values of k from min(10, m/2) to m/2.
+
+    ``guesses="in"`` pairs them with ``k_neg = 0``; ``"in_out"`` crosses them with themselves (r <= m always).
+
+    >>> kp, kn = k_grids(1000, points=4, guesses="in")
+    >>> kp.tolist(), kn.tolist()
+    ([10, 37, 136, 500], [0])
+    """
+    if m < 2:
+        raise ValueError(f"m must be >= 2 canaries, got {m}")
+    top = m // 2
+    ks = np.unique(np.round(np.geomspace(min(10, top), top, points)).astype(np.int64))
+    return (ks, ks) if guesses == "in_out" else (ks, np.zeros(1, dtype=np.int64))

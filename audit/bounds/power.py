@@ -11,7 +11,7 @@ the excess is right with probability 1 - a). "The smallest detectable ε" of a k
     ε_detect(c) = inf{ε_true : P[ε_lb(V) > c] >= power},   a = expit(ε_true),
 
 where ``ε_lb`` is the estimator the audit runs (:func:`~audit.bounds.one_run.one_run_epsilon_bounds`, at the
-per-pair level ``alpha / n_pairs`` of its (k_pos, k_neg) grid, :func:`~audit.bounds.runner.k_grids`). For every
+per-pair level ``alpha / n_pairs`` of its (k_pos, k_neg) grid, :func:`~audit.bounds.one_run.k_grids`). For every
 ``r = k_pos + k_neg``, ``ε_lb(v)`` is non-decreasing in ``v``, so the event is ``V >= v*(r)`` (the fewest correct
 guesses whose bound exceeds ``c``, by bisection over ``v`` with the estimator itself); for a pair below every
 likely group size ``V ~ Bin(r, a)`` and ``P[V >= v*] = I_a(v*, r - v* + 1)`` (regularised incomplete beta) is
@@ -34,7 +34,7 @@ import numpy as np
 from scipy import special, stats
 
 from audit.bounds._validate import check_alpha, check_count, check_delta, check_nonnegative
-from audit.bounds.one_run import one_run_epsilon_bounds
+from audit.bounds.one_run import k_grids, one_run_epsilon_bounds
 
 __all__ = ["KitPower", "grid_pairs", "guess_totals", "min_correct", "detection_probability", "kit_power",
            "canaries_for_claim"]
@@ -97,10 +97,8 @@ class KitPower:
 
 def grid_pairs(m: int, *, points: int = 4, guesses: str = "in_out",
                grid: tuple[object, object] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The audit's (k_pos, k_neg) pairs (:func:`~audit.bounds.runner.k_grids`, or ``grid`` = (k_pos_grid,
+    """The audit's (k_pos, k_neg) pairs (:func:`~audit.bounds.one_run.k_grids`, or ``grid`` = (k_pos_grid,
     k_neg_grid) as an estimate records them), those with ``1 <= k_pos + k_neg <= m``."""
-    from audit.bounds.runner import k_grids
-
     kp, kn = k_grids(m, points=points, guesses=guesses) if grid is None else grid
     pairs = sorted({(int(a), int(b)) for a in kp for b in kn if 1 <= a + b <= m})
     return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)

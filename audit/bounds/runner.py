@@ -38,7 +38,7 @@ from audit.bounds.clopper_pearson import epsilon_from_scores_cp
 from audit.bounds.estimate import EpsilonEstimate
 from audit.bounds.gdp import epsilon_from_scores_gdp
 from audit.bounds.multi_run_source import multi_run_evidence
-from audit.bounds.one_run import epsilon_one_run_from_scores
+from audit.bounds.one_run import epsilon_one_run_from_scores, k_grids
 from audit.bounds.one_run_fdp import epsilon_one_run_fdp_from_scores
 from audit.bounds.power_record import PowerEntry, plan_power
 from audit.bounds.sources import (ZERO_UPDATE, Evidence, Skipped, gradient_canary_evidence,
@@ -112,22 +112,6 @@ class EpsilonReport:
 def config_sha256(config: EpsilonConfig) -> str:
     """sha256 of the config's canonical JSON: ``epsilon.json`` is stale when it changes."""
     return sha256_bytes(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode("utf-8"))
-
-
-def k_grids(m: int, *, points: int, guesses: str) -> tuple[np.ndarray, np.ndarray]:
-    """The one-run guess grid: ``points`` geometric values of k from min(10, m/2) to m/2.
-
-    ``guesses="in"`` pairs them with ``k_neg = 0``; ``"in_out"`` crosses them with themselves (r <= m always).
-
-    >>> kp, kn = k_grids(1000, points=4, guesses="in")
-    >>> kp.tolist(), kn.tolist()
-    ([10, 37, 136, 500], [0])
-    """
-    if m < 2:
-        raise ValueError(f"m must be >= 2 canaries, got {m}")
-    top = m // 2
-    ks = np.unique(np.round(np.geomspace(min(10, top), top, points)).astype(np.int64))
-    return (ks, ks) if guesses == "in_out" else (ks, np.zeros(1, dtype=np.int64))
 
 
 def claim_is_gaussian(manifest: Manifest) -> bool:
