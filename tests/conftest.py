@@ -7,10 +7,18 @@ policy itself pass their own environment). Modules change the thread count only 
 
 Evidence files are signed (:mod:`foundation.evidence`): the session uses a fixed test key through
 ``DP_AUDIT_EVIDENCE_KEY`` (set at import, so subprocesses and doctests inherit it), never the user's own key.
+
+Memory: glibc serves every allocation above 32 MB (a batched trainer's per-example gradients of 16 models) with a
+fresh ``mmap`` and unmaps it on free, so each step faults its pages in again: the README's vendor flow spent more
+CPU in the kernel than in torch (34 M page faults). The session keeps freed memory in the heap instead
+(``mallopt``: no mmap, no trimming) and tells every process it starts the same through ``MALLOC_MMAP_MAX_`` and
+``MALLOC_TRIM_THRESHOLD_``: same results, same code paths, 3x fewer page faults and less kernel time (glibc only;
+elsewhere nothing changes).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import pytest
@@ -20,6 +28,24 @@ import torch
 TEST_EVIDENCE_KEY = "dp-audit-test-session-evidence-key-" + "5" * 32
 os.environ["DP_AUDIT_EVIDENCE_KEY"] = TEST_EVIDENCE_KEY
 os.environ.pop("DP_AUDIT_EVIDENCE_KEY_FILE", None)
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_KEEP_FREED = 1 << 34  # 16 GiB: never give freed heap back to the kernel mid-session
+
+
+def _keep_freed_memory() -> None:
+    """Serve large allocations from the heap and keep freed memory there, here and in every child process."""
+    os.environ.setdefault("MALLOC_MMAP_MAX_", "0")
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(_KEEP_FREED))
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: its allocator is left as it is
+        return
+    libc.mallopt(_M_MMAP_MAX, int(os.environ["MALLOC_MMAP_MAX_"]))
+    libc.mallopt(_M_TRIM_THRESHOLD, min(int(os.environ["MALLOC_TRIM_THRESHOLD_"]), 2**31 - 1))
+
+
+_keep_freed_memory()
 
 
 @pytest.fixture(scope="session", autouse=True)
