@@ -14,6 +14,10 @@ CPU in the kernel than in torch (34 M page faults). The session keeps freed memo
 (``mallopt``: no mmap, no trimming) and tells every process it starts the same through ``MALLOC_MMAP_MAX_`` and
 ``MALLOC_TRIM_THRESHOLD_``: same results, same code paths, 3x fewer page faults and less kernel time (glibc only;
 elsewhere nothing changes).
+
+README blocks (tests/test_readme.py) are separate processes in their own temporary directories: once the session
+has collected its tests they start in a background thread, one after another, and run on the second core while
+the other tests run on the first; each README test waits for its block. A session stopped early kills them.
 """
 
 from __future__ import annotations
@@ -60,3 +64,28 @@ def one_torch_thread():
         os.environ.pop("DP_AUDIT_THREADS", None)
     else:
         os.environ["DP_AUDIT_THREADS"] = env
+
+
+_README_TEST = "test_readme_block_runs_pasted_alone"
+_README_RUNNER = pytest.StashKey[object]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the README blocks this session checks in the background (tests/test_readme.py: they are separate
+    processes in their own directories, so they run on the second core while the other tests run on the first)."""
+    if session.config.option.collectonly:
+        return
+    items = [item for item in session.items if getattr(item, "originalname", None) == _README_TEST]
+    if items:
+        runner = items[0].module.RUNNER
+        alone = len(items) == len(session.items)
+        runner.start([item.callspec.params["block"] for item in items], workers=min(2, os.cpu_count() or 1) if alone
+                     else 1)
+        session.config.stash[_README_RUNNER] = runner
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the README blocks still queued or running (a session stopped early by -x, a failure or Ctrl-C)."""
+    runner = session.config.stash.get(_README_RUNNER, None)
+    if runner is not None:
+        runner.stop()

@@ -6,17 +6,24 @@ interpreter (as a doctest when it is a ``>>>`` session). A block preceded by ``<
 skipped with that reason (builds, GPUs, hours). A block that reads the shared data root (``$DP_AUDIT_SHARED``)
 is skipped, naming the variable, when that root is absent. Blocks without a language (trees, diagrams) are text.
 
-What it costs (the shared 2-core CPU of 2026-11-27, seven sessions at load 12, one torch thread): the vendor flow
-570 s, the gate block (two quickstart variants) 432 s, the quickstart 265-397 s, the ResNet-20 import 306 s, the
-transfer block 41-73 s, the rest under a minute each: about 30 min in all, hence `slow`.
+The blocks are processes that share nothing, so they need not wait for their turn: when the session has collected
+its tests, ``conftest.py`` hands the blocks it selected to :data:`RUNNER`, which runs them one after another in a
+background thread (two at a time when they are all the session runs) while the rest of the suite runs on the
+other core; each test then waits for its own block's outcome. What they cost (2026-11-27, one torch thread,
+idle 2-core CPU): about 5 min of CPU in all, the vendor flow and the quickstart runs the most (``slow``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +78,7 @@ def _env(tmp: Path) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
     env[SHARED_ENV] = str(SHARED)
     env["HOME"] = env.get("HOME", str(tmp))
+    env["DP_AUDIT_THREADS"] = "1"  # as the session's other tests (conftest.py), also when started before them
     return env
 
 
@@ -94,16 +102,102 @@ def test_readme_has_blocks_and_few_are_skipped() -> None:
     assert all(len(b.not_run) > 15 for b in skipped), "every not-run mark gives its reason"
 
 
+def skip_reason(block: Block) -> str | None:
+    """Why ``block`` is not run here, or None."""
+    if block.not_run:
+        return f"README line {block.line}: not-run: {block.not_run}"
+    if re.search(r"\$\{?" + SHARED_ENV, block.body) and not SHARED.is_dir():
+        return f"README line {block.line} reads ${SHARED_ENV} ({SHARED}), which is absent; set {SHARED_ENV}"
+    return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a block's process ended: its exit code (None: killed after ``BLOCK_TIMEOUT_S``) and its output."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    tmp: Path
+
+
+class BlockRunner:
+    """Runs README blocks in the background, each in its own temporary directory and process group."""
+
+    def __init__(self) -> None:
+        self._futures: dict[int, Future[Outcome]] = {}
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._stopped = False
+
+    def start(self, blocks: list[Block], *, workers: int) -> None:
+        """Queue ``blocks`` (those a test will check) on ``workers`` threads, in README order."""
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="readme-block")
+        for block in blocks:
+            if skip_reason(block) is None and block.line not in self._futures:
+                self._futures[block.line] = self._pool.submit(self._run, block)
+
+    def outcome(self, block: Block) -> Outcome:
+        """The block's outcome: waited for when it was queued, else run now."""
+        future = self._futures.get(block.line)
+        return future.result() if future is not None else self._run(block)
+
+    def stop(self) -> None:
+        """Cancel the blocks not started and kill the process groups still running (end of session)."""
+        with self._lock:
+            self._stopped = True
+            procs = list(self._procs)
+        for future in self._futures.values():
+            future.cancel()
+        for proc in procs:
+            _kill_group(proc)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _run(self, block: Block) -> Outcome:
+        tmp = Path(tempfile.mkdtemp(prefix=f"readme-line{block.line}-"))
+        work = tmp / "work"
+        work.mkdir()
+        with self._lock:
+            if self._stopped:
+                return Outcome(None, "", "session ended before the block ran", tmp)
+            proc = subprocess.Popen(_command(block, tmp), cwd=work, env=_env(tmp), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                    start_new_session=True)  # its own group: a timeout kills what it started
+            self._procs.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            stdout, stderr = proc.communicate()
+            code = None
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+        return Outcome(code, stdout, stderr, tmp)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+RUNNER = BlockRunner()
+"""The session's runner; ``conftest.py`` starts it once the tests are collected and stops it at the end."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}-{b.lang}" for b in BLOCKS])
-def test_readme_block_runs_pasted_alone(block: Block, tmp_path: Path) -> None:
-    if block.not_run:
-        pytest.skip(f"README line {block.line}: not-run: {block.not_run}")
-    if re.search(r"\$\{?" + SHARED_ENV, block.body) and not SHARED.is_dir():
-        pytest.skip(f"README line {block.line} reads ${SHARED_ENV} ({SHARED}), which is absent; set {SHARED_ENV}")
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = subprocess.run(_command(block, tmp_path), cwd=work, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, (f"README line {block.line} failed (exit {proc.returncode}):\n"
-                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+def test_readme_block_runs_pasted_alone(block: Block) -> None:
+    reason = skip_reason(block)
+    if reason:
+        pytest.skip(reason)
+    out = RUNNER.outcome(block)
+    how = f"timed out after {BLOCK_TIMEOUT_S} s" if out.returncode is None else f"exit {out.returncode}"
+    assert out.returncode == 0, (f"README line {block.line} failed ({how}; its directory: {out.tmp}):\n"
+                                 f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    shutil.rmtree(out.tmp, ignore_errors=True)
