@@ -9,6 +9,7 @@ Pure functions over numbers; see :mod:`training.accounting` for the accountants 
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
@@ -147,6 +148,14 @@ _EPSILON_FNS: dict[str, Callable[[list[DPPhase], float], float]] = {
 }
 
 
+@functools.lru_cache(maxsize=1024)
+def _accountant_epsilon(accountant: str, phases: tuple[DPPhase, ...], delta: float) -> float:
+    """One accountant's ε of validated phases, computed once per process: the accountants are pure and slow (a PRV
+    or PLD composition takes 0.1-2 s), and one claim is recomputed by the trainer's cross-check, the claim check,
+    the report and the gate."""
+    return _EPSILON_FNS[accountant](list(phases), delta)
+
+
 def epsilon_for(*, phases: Sequence[DPPhase], delta: float, accountant: str = "prv") -> float:
     """ε of the composition of ``phases`` at ``delta`` (add/remove-one neighbours).
 
@@ -177,7 +186,7 @@ def epsilon_of_active(active: list[DPPhase], delta: float, accountant: str, *, w
     the PRV/PLD conversion can return ε < 0, which means ε = 0 already holds)."""
     if not active:
         return 0.0
-    rdp = max(0.0, _rdp_epsilon(active, delta))
+    rdp = max(0.0, _accountant_epsilon("rdp", tuple(active), delta))
     if accountant == "rdp":
         return rdp
     if rdp > WEAK_PRIVACY_EPSILON:
@@ -189,7 +198,7 @@ def epsilon_of_active(active: list[DPPhase], delta: float, accountant: str, *, w
                 stacklevel=3,
             )
         return rdp
-    return max(0.0, _EPSILON_FNS[accountant](active, delta))
+    return max(0.0, _accountant_epsilon(accountant, tuple(active), delta))
 
 
 def epsilons_for(*, phases: Sequence[DPPhase], delta: float,
