@@ -86,7 +86,10 @@ def archive_section() -> list[str]:
         "* Ke et al.'s budget split at `gpu_full`: its 50 DP runs' per-seed values are not archived anywhere (see "
         "Untested); its rows test the committed `finetune_strategies.gpu_full.md`'s mean ± SD."
         + (f" Its non-DP reference runs ({', '.join(f'`{k}`' for k in ref)}) are in `{PER_SEED_JSON}` under "
-           "`finetune/gpu_full`." if ref else " No non-DP reference runs at this scale are archived."), ""]
+           "`finetune/gpu_full`, re-made on this CPU by `python -m experiments papers run finetune --scale gpu_full "
+           "--workers 1 --variants '*-nondp-*'` after `python -m experiments gpu prepare --jpeg`, `gpu decode` and "
+           "`gpu unpack results/reference/seed_gpu/ft_source_gpu_full.tgz` (the same data and source as the DP runs), "
+           "then this command." if ref else " No non-DP reference runs at this scale are archived."), ""]
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m experiments findings") -> int:
