@@ -165,3 +165,20 @@ def test_the_budget_split_prose_states_what_dp_costs_once_the_reference_is_archi
     assert f["bs_cost_lp8"] == f"{41.0 - table[('lp', 8)][0]:.1f}" and f["bs_ref_seeds"] == "2"
     text = _budget_split({**f, "bss_source": "x", "bss_p_fft1": "y"})
     assert "no reference" not in text and f"FFT {f['bs_cost_fft8']} ({f['bs_fft8']} %)" in text
+
+
+def test_the_archive_section_names_only_archives_that_exist(tmp_path, monkeypatch):
+    """Where the per-seed values are: the membership JSON and the non-DP reference are named only when their files
+    hold them; the 50 DP runs of Ke et al.'s gpu_full table are always said to be archived nowhere."""
+    from experiments.findings import cli
+
+    monkeypatch.setattr(cli, "OUT", tmp_path)
+    text = "\n".join(cli.archive_section())
+    assert "membership" not in text and "No non-DP reference runs at this scale are archived" in text
+    assert "not archived anywhere" in text
+    (tmp_path / "seed_arms/cpu_hour_mia").mkdir(parents=True)
+    (tmp_path / "seed_arms/cpu_hour_mia/membership.json").write_text("{}")
+    (tmp_path / cli.PER_SEED_JSON).write_text(json.dumps({"finetune/gpu_full": {"fft-nondp": {"0": 0.4}}}))
+    text = "\n".join(cli.archive_section())
+    assert "seed_arms/cpu_hour_mia/membership.json" in text and "(`fft-nondp`) are in" in text
+    assert "not archived anywhere" in text
