@@ -162,7 +162,7 @@ def test_the_budget_split_prose_states_what_dp_costs_once_the_reference_is_archi
     monkeypatch.setattr(ff, "nondp_reference", lambda scale: {"lp-nondp": [0.40, 0.42], "fft-nondp": [0.50, 0.52]})
     f = facts_tables.budget_split()
     table = facts_tables.budget_table("gpu_full")["rows"]
-    assert f["bs_cost_lp8"] == f"{41.0 - table[('lp', 8)][0]:.1f}" and f["bs_ref_seeds"] == "2"
+    assert f["bs_cost_lp8"] == f"{41.0 - table[('lp', 8)][0]:.1f}" and f["bs_ref_lp"] == "41.0 ± 1.4 % (2 seeds)"
     text = _budget_split({**f, "bss_source": "x", "bss_p_fft1": "y"})
     assert "no reference" not in text and f"FFT {f['bs_cost_fft8']} ({f['bs_fft8']} %)" in text
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from experiments.findings.numbers import mean_pct, ms_pct, p2, thousands
+from experiments.findings.numbers import p2, thousands
 from experiments.findings.rows import OUT
 
 _KEYS = {"DP-LP (head only)": "lp", "DP-FFT (all parameters)": "fft"}
@@ -70,19 +70,17 @@ def budget_split(scale: str = "gpu_full", small: str = "cpu_hour") -> dict[str, 
         "bs_drift": f"{(rows[('fft', 1)][3] + rows[('fft', 8)][3]) / 2:.2f}" if rows[("fft", 1)][3] else "?",
         "bs_runs": t["runs"], "bs_fft8": f"{rows[('fft', 8)][0]:.1f}",
     }
-    from experiments.findings.finetune import nondp_reference
+    from experiments.findings.finetune import nondp_reference, seeds_text
 
     ref = nondp_reference(scale)
     if "lp-nondp" in ref and "fft-nondp" in ref:  # the non-DP reference: what DP costs (table means, rounded)
         lp, fft = statistics.mean(ref["lp-nondp"]), statistics.mean(ref["fft-nondp"])
-        f.update({"bs_ref_lp": ms_pct(ref["lp-nondp"]), "bs_ref_fft": ms_pct(ref["fft-nondp"]),
-                  "bs_ref_seeds": str(min(len(ref["lp-nondp"]), len(ref["fft-nondp"]))),
+        f.update({"bs_ref_lp": seeds_text(ref["lp-nondp"]), "bs_ref_fft": seeds_text(ref["fft-nondp"]),
                   "bs_cost_lp8": f"{100 * lp - rows[('lp', 8)][0]:.1f}",
                   "bs_cost_fft8": f"{100 * fft - rows[('fft', 8)][0]:.1f}"})
     elif ref:  # one strategy's reference only: the other's cost stays unmeasured
         (k, v), = ref.items()
-        f["bs_ref_partial"] = (f"only {'LP' if k == 'lp-nondp' else 'FFT'} was fine-tuned without DP "
-                               f"({ms_pct(v) if len(v) > 1 else mean_pct(v)} %, {len(v)} seed{'s' * (len(v) > 1)})")
+        f["bs_ref_partial"] = f"only {'LP' if k == 'lp-nondp' else 'FFT'} was fine-tuned without DP ({seeds_text(v)})"
     s = budget_table(small)
     if s and s["holm"]:
         f.update({"bss_source": s["source"], "bss_p_fft1": min((v for (e, _, b), v in s["holm"].items()

@@ -60,22 +60,23 @@ def nondp_reference(scale: str) -> dict[str, list[float]]:
     return {k: [kept[k][s] for s in sorted(kept[k], key=int)] for k, _ in NONDP_REFERENCE if kept.get(k)}
 
 
-def nondp_text(scale: str) -> str:
-    """The rows' sentence on what DP costs on the task: the non-DP reference, or that there is none."""
+def seeds_text(values: list[float]) -> str:
+    """Accuracies in [0, 1] as ``41.0 ± 1.4 % (2 seeds)`` or, for one, ``25.0 % (1 seed)``."""
     from experiments.stats import fmt_mean_sd
 
+    n = len(values)
+    return f"{fmt_mean_sd(values, '.1f', 100)} % ({n} seeds)" if n > 1 else f"{100 * values[0]:.1f} % (1 seed)"
+
+
+def nondp_text(scale: str) -> str:
+    """The rows' sentence on what DP costs on the task: the non-DP reference, or that there is none."""
     ref = nondp_reference(scale)
     if not ref:
         return ("No non-DP fine-tuning of the same source on this task was run, so what DP costs here is not "
                 "measured.")
-
-    def one(values: list[float]) -> str:
-        n = len(values)
-        return (f"{fmt_mean_sd(values, '.1f', 100)} % ({n} seeds)" if n > 1 else f"{100 * values[0]:.1f} % (1 seed)")
-
     missing = [label for k, label in NONDP_REFERENCE if k not in ref]
     return ("Without DP (the same source, steps and learning rates; per seed in `seed_findings.per_seed.json`): "
-            + ", ".join(f"{label} {one(ref[k])}" for k, label in NONDP_REFERENCE if k in ref)
+            + ", ".join(f"{label} {seeds_text(ref[k])}" for k, label in NONDP_REFERENCE if k in ref)
             + (f"; {' and '.join(missing)} without DP not run" if missing else "") + ": what DP costs here.")
 
 

@@ -45,9 +45,9 @@ def _budget_split(f: dict) -> str:
         limits = (
             f"One limit: the {f['bs_runs']} per-seed DP runs at `gpu_full` are not archived (their tests use the "
             "committed table's rounded mean ± SD). What DP costs here is measured since: the same source fine-tuned "
-            f"without DP (same steps and learning rates, {f['bs_ref_seeds']} seeds) reaches {f['bs_ref_lp']} % by LP "
-            f"and {f['bs_ref_fft']} % by FFT, so at ε = 8 DP costs LP {f['bs_cost_lp8']} points (DP-LP's "
-            f"{f['bs_lp8']} %) and FFT {f['bs_cost_fft8']} ({f['bs_fft8']} %).")
+            f"without DP (same data, steps and learning rates) reaches {f['bs_ref_lp']} by LP and {f['bs_ref_fft']} "
+            f"by FFT, so at ε = 8 DP costs LP {f['bs_cost_lp8']} points (DP-LP's {f['bs_lp8']} %) and FFT "
+            f"{f['bs_cost_fft8']} ({f['bs_fft8']} %).")
     else:
         limits = (
             f"Two limits: the {f['bs_runs']} per-seed runs at `gpu_full` are not archived (their tests use the "
