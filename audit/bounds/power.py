@@ -271,7 +271,7 @@ def canaries_for_claim(*, claim: float, delta: float, alpha: float, factor: floa
 
     >>> canaries_for_claim(claim=1.0, factor=2.0, delta=1e-5, alpha=0.05).m < 2000
     True
-    >>> canaries_for_claim(claim=8.0, factor=2.0, delta=1e-5, alpha=0.05) is None
+    >>> canaries_for_claim(claim=8.0, factor=2.0, delta=1e-5, alpha=0.05, max_count=4000) is None
     True
     """
     factor = check_nonnegative(factor, "factor")
