@@ -29,12 +29,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import timm
-from timm.models import is_model, is_model_in_modules
-from timm.models.resnet import ResNet
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from foundation.errors import ConfigError
+
+if TYPE_CHECKING:  # timm (~2 s with the torchvision it loads) is imported when a timm name is looked up or built
+    from timm.models.resnet import ResNet
 
 __all__ = ["is_timm_model", "create_timm_model", "SMALL_INPUT_MAX", "VIT_MODULES", "FORBIDDEN_KWARGS"]
 
@@ -46,6 +48,8 @@ FORBIDDEN_KWARGS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "c
 
 def is_timm_model(name: str) -> bool:
     """True when ``name`` (optionally with a ``.tag``) is a registered timm architecture."""
+    from timm.models import is_model
+
     try:
         return bool(is_model(name))
     except Exception:  # timm raises on malformed names
@@ -86,6 +90,10 @@ def create_timm_model(name: str, *, num_classes: int, input_shape: tuple[int, in
     Raises:
         ConfigError: if kwargs ask timm to load weights, or timm rejects the arguments.
     """
+    import timm
+    from timm.models import is_model_in_modules
+    from timm.models.resnet import ResNet
+
     bad = [k for k in kwargs if k in FORBIDDEN_KWARGS]
     if bad:
         raise ConfigError(f"model.kwargs may not set {', '.join(bad)}: dp-audit never downloads weights; put a "

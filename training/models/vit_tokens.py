@@ -26,12 +26,15 @@ True
 
 from __future__ import annotations
 
+import sys
 import types
+from typing import TYPE_CHECKING
 
 import torch
-from timm.layers import resample_abs_pos_embed
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
+
+if TYPE_CHECKING:  # timm (and the torchvision it loads) is imported only where a timm model is built or patched
+    from timm.models.vision_transformer import VisionTransformer
 
 __all__ = ["TokenEmbedding", "patch_vit_tokens", "can_patch_vit_tokens"]
 
@@ -74,6 +77,8 @@ class TokenEmbedding(nn.Module):
         if self.pos_embed is None:
             return torch.cat(prefix + [x.reshape(n, -1, x.shape[-1])], dim=1)
         if self.dynamic_img_size:
+            from timm.layers import resample_abs_pos_embed
+
             _, h, w, d = x.shape
             pos_embed = resample_abs_pos_embed(
                 self.pos_embed, new_size=(h, w), old_size=self.grid_size,
@@ -101,10 +106,15 @@ def _token_pos_embed(self: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
 def can_patch_vit_tokens(net: nn.Module) -> bool:
     """True for a timm ``VisionTransformer`` (or subclass) that uses the stock ``_pos_embed`` and is unpatched.
 
-    Subclasses with their own token logic (e.g. DeiT's distillation token) return False.
+    Subclasses with their own token logic (e.g. DeiT's distillation token) return False. A timm ViT exists only
+    once timm's vision_transformer module is loaded, so without it the answer is False without importing timm.
     """
-    return (isinstance(net, VisionTransformer)
-            and type(net)._pos_embed is VisionTransformer._pos_embed
+    module = sys.modules.get("timm.models.vision_transformer")
+    if module is None:
+        return False
+    vit = module.VisionTransformer
+    return (isinstance(net, vit)
+            and type(net)._pos_embed is vit._pos_embed
             and not isinstance(getattr(net, "token_embed", None), TokenEmbedding))
 
 
