@@ -20,7 +20,8 @@ from training.evaluate import accuracy, mean_loss
 from foundation.io import ArrayFingerprint, fingerprint_arrays, load_safetensors
 from training.models import build_model
 from training.pool import build_pool
-from training.trainer import _membership, train
+from training.pool import membership_mask
+from training.trainer import train
 
 from fixtures_runs import TINY_TRAIN
 
@@ -144,7 +145,7 @@ def test_streamed_pool_equals_in_memory_pool(tmp_path, fmt, workers):
         np.testing.assert_array_equal(st.test.y, mem.test.y)
         assert st.images.fingerprint() == mem.images.fingerprint() == fingerprint_arrays(mem.images.x, mem.images.y)
         assert st.test.fingerprint() == mem.test.fingerprint()
-        for a, b in zip(_membership(cfg_str, st), _membership(cfg_mem, mem)):
+        for a, b in zip(membership_mask(cfg_str, st), membership_mask(cfg_mem, mem)):
             assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
 
 
