@@ -16,6 +16,8 @@ A policy is a YAML file::
       - rule: max_auc                 # candidate AUC (attack or "strongest") <= threshold
         attack: strongest
         threshold: 0.6
+      - rule: mechanism_consistent    # candidate's mechanism.json (audit mechanism) is not VIOLATION
+        required: false               # no mechanism.json: the rule is NOT RUN (false) or bad input (true)
 
 **Which attack.** ``attack: strongest`` (the default; ``max`` is an alias kept for older policies) is each run's
 strongest attack by the one definition used by ``audit run``'s summary and the report
@@ -39,9 +41,14 @@ Exact pass/fail conditions (``b`` = baseline, ``c`` = candidate; attack scores a
   on the auditor's own data, read from the signed ``attack.json``; without one, measured here on the same data
   (:func:`attacks.runner.measure_utility`); never the run's own ``metrics.json``; 1e-12 slack for rounding).
 * ``max_auc``: PASS iff ``auc_c <= threshold`` (point estimate).
+* ``mechanism_consistent``: FAIL iff the candidate's ``mechanism.json`` (the DP implementation audited white box,
+  :mod:`audit.mechanism`) says ``VIOLATION`` of the run's own claim; PASS when it says ``CONSISTENT``; NOT RUN
+  (outcome ``NOT_RUN``: it neither passes nor fails the gate) without one, unless ``required: true``
+  (:mod:`audit.gate_mechanism`).
 
 Files a rule needs must exist (``epsilon.json`` of the candidate for ``no_violation``; both ``attack.json`` for
-``tpr_at_fpr``; the candidate's for ``max_auc``), signed by this auditor's evidence key
+``tpr_at_fpr``; the candidate's for ``max_auc``; the candidate's ``mechanism.json`` only for
+``mechanism_consistent`` with ``required: true``), signed by this auditor's evidence key
 for the run as it is now (:mod:`foundation.evidence`); a missing, unsigned, edited or stale one is a
 :class:`foundation.errors.UserError` (exit code 2), never a silent pass.
 """
@@ -58,6 +65,7 @@ from attacks.attack_file import AttackFile
 from attacks.registry import attack_names
 from attacks.resolution import not_resolvable, resolvable
 from attacks.strongest import DEFINITION, strongest
+from audit.gate_mechanism import MechanismConsistent, eval_mechanism
 from audit.reporting import fmt
 from audit.reporting.inputs import RunFiles, level_key
 from foundation.errors import UserError
@@ -72,6 +80,7 @@ __all__ = [
     "TprAtFpr",
     "MinAccuracyDelta",
     "MaxAuc",
+    "MechanismConsistent",
     "Rule",
     "GatePolicy",
     "RuleResult",
@@ -143,11 +152,11 @@ class MaxAuc(_Rule):
         return _check_attack(value)
 
 
-Rule = Annotated[MaxClaimedEpsilon | NoViolation | TprAtFpr | MinAccuracyDelta | MaxAuc,
+Rule = Annotated[MaxClaimedEpsilon | NoViolation | TprAtFpr | MinAccuracyDelta | MaxAuc | MechanismConsistent,
                  Field(discriminator="rule")]
-RULE_MODELS: dict[str, type[_Rule]] = {
+RULE_MODELS: dict[str, type[BaseModel]] = {
     "max_claimed_epsilon": MaxClaimedEpsilon, "no_violation": NoViolation, "tpr_at_fpr": TprAtFpr,
-    "min_accuracy_delta": MinAccuracyDelta, "max_auc": MaxAuc,
+    "min_accuracy_delta": MinAccuracyDelta, "max_auc": MaxAuc, "mechanism_consistent": MechanismConsistent,
 }
 
 
@@ -176,6 +185,8 @@ class RuleResult:
         values: the raw numbers compared (for ``gate.json``).
         unverifiable: the rule did not fail, but the evidence could not have made it fail (``passed`` is then
             False; the policy's ``accept_unverifiable`` decides).
+        ran: False when the rule's optional evidence does not exist (``mechanism_consistent`` without
+            ``mechanism.json``): outcome ``NOT_RUN``, ``passed`` True (it does not decide the gate).
     """
 
     rule: str
@@ -187,10 +198,13 @@ class RuleResult:
     detail: str
     values: dict[str, Any] = field(default_factory=dict)
     unverifiable: bool = False
+    ran: bool = True
 
     @property
     def outcome(self) -> str:
-        """``PASS``, ``FAIL`` or ``UNVERIFIABLE``."""
+        """``PASS``, ``FAIL``, ``UNVERIFIABLE`` or ``NOT_RUN``."""
+        if not self.ran:
+            return "NOT_RUN"
         return "PASS" if self.passed else ("UNVERIFIABLE" if self.unverifiable else "FAIL")
 
 
@@ -395,7 +409,7 @@ def _eval_auc(rule: MaxAuc, baseline: RunFiles, candidate: RunFiles) -> RuleResu
 
 
 _EVALUATORS = {MaxClaimedEpsilon: _eval_claimed, NoViolation: _eval_violation, TprAtFpr: _eval_tpr,
-               MinAccuracyDelta: _eval_accuracy, MaxAuc: _eval_auc}
+               MinAccuracyDelta: _eval_accuracy, MaxAuc: _eval_auc, MechanismConsistent: eval_mechanism}
 
 
 def evaluate_rule(rule: Rule, *, baseline: RunFiles, candidate: RunFiles) -> RuleResult:

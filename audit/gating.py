@@ -6,7 +6,8 @@ pass/fail condition is documented) and returns a :class:`GateResult`. The ``audi
 as a table, writes ``gate.json`` atomically (signed with this auditor's evidence key) and exits
 
 * 0 ``PASS``: every rule passed;
-* 1 ``FAIL``: a rule failed;
+* 1 ``FAIL``: a rule failed (e.g. ``mechanism_consistent`` when the audit of the DP implementation itself,
+  ``mechanism.json``, found a violation);
 * 2 bad input: missing, unsigned, edited or stale files, unknown policy keys, runs that cannot be compared;
 * 3 ``UNVERIFIABLE``: no rule failed, but one could not have failed on this evidence (the audit could not have
   detected a violation of the candidate's claim: :mod:`audit.gate_rules`). It does not pass unless the policy
@@ -55,6 +56,8 @@ class GateResult:
         notes: remarks that do not change the outcome (e.g. different data pools).
         strongest_attack: when a rule used each run's strongest attack, the definition
             (:data:`attacks.strongest.DEFINITION`) and the attack it picked on each run (None: no attack.json).
+        mechanism: the candidate's mechanism audit verdict (``mechanism.json``, :mod:`audit.gate_mechanism`) the
+            ``mechanism_consistent`` rule used; None when the policy has no such rule or the file does not exist.
     """
 
     passed: bool
@@ -66,6 +69,7 @@ class GateResult:
     identity: dict[str, str] = field(default_factory=dict)
     status: str = ""
     strongest_attack: dict[str, str | None] | None = None
+    mechanism: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -84,7 +88,7 @@ class GateResult:
                 "baseline": self.baseline, "candidate": self.candidate, "policy": self.policy,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "rules": [{**asdict(r), "outcome": r.outcome} for r in self.rules], "notes": list(self.notes),
-                "strongest_attack": self.strongest_attack}
+                "strongest_attack": self.strongest_attack, "mechanism": self.mechanism}
 
 
 def _policy_error(exc: ValidationError, source: str) -> str:
@@ -199,6 +203,7 @@ def evaluate_gate(*, baseline: str | os.PathLike[str] | RunFiles, candidate: str
                                                for who, r in zip(("baseline", "candidate"), runs)}}
     ident = {f"{who}_{k}": v for who, r in zip(("baseline", "candidate"), runs)
              for k, v in evidence_identity(r.run if r.run is not None else r.manifest).items()}
+    used = [r.values["candidate"] for r in results if r.rule == "mechanism_consistent" and r.ran]
     return GateResult(passed=status == "PASS", status=status, rules=results, baseline=str(runs[0].run_dir),
                       candidate=str(runs[1].run_dir), policy=pol_name, notes=notes, identity=ident,
-                      strongest_attack=chosen)
+                      strongest_attack=chosen, mechanism=used[0] if used else None)

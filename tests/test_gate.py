@@ -227,7 +227,9 @@ def test_policy_validation() -> None:
         parse_policy({"rules": []})
     policy = load_policy(DEFAULT_POLICY)
     assert [r.rule for r in policy.rules] == ["max_claimed_epsilon", "no_violation", "tpr_at_fpr",
-                                              "min_accuracy_delta", "max_auc"]
+                                              "min_accuracy_delta", "max_auc", "mechanism_consistent"]
+    with pytest.raises(ConfigError, match=r"unknown key 'rules.0.requried' \(valid keys there: required, rule\)"):
+        parse_policy({"rules": [{"rule": "mechanism_consistent", "requried": True}]})
 
 
 def test_mismatched_runs_are_refused(tmp_path: Path) -> None:
@@ -252,7 +254,7 @@ def test_cli_exit_codes(tmp_path: Path, pair) -> None:
     assert ok.exit_code == 0, ok.output
     assert "PASS" in ok.output and "FAIL" not in ok.output
     data = read_json(out)
-    assert data["passed"] is True and data["status"] == "PASS" and len(data["rules"]) == 5
+    assert data["passed"] is True and data["status"] == "PASS" and len(data["rules"]) == 6
 
     strict = _write_policy(tmp_path, {"rules": [{"rule": "max_claimed_epsilon", "budget": 4.0},
                                                 {"rule": "no_violation"}]})

@@ -32,12 +32,14 @@ def print_gate(result: GateResult, *, file=None) -> None:
         table.add_column(col, justify=justify)
     for r in result.rules:
         verdict = {"PASS": "[bold green]PASS[/]", "FAIL": "[bold red]FAIL[/]",
-                   "UNVERIFIABLE": "[bold yellow]UNVERIFIABLE[/]"}[r.outcome]
+                   "UNVERIFIABLE": "[bold yellow]UNVERIFIABLE[/]", "NOT_RUN": "[dim]NOT RUN[/]"}[r.outcome]
         table.add_row(r.label, r.baseline, r.candidate, r.threshold, verdict)
     console.print(table)
     for r in result.rules:
         if not r.passed:
             console.print(f"[red]{r.outcome}[/] {r.rule}: {escape(r.detail)}")
+        elif not r.ran:
+            console.print(f"NOT RUN {r.rule}: {escape(r.detail)}")
     if result.strongest_attack is not None:
         s = result.strongest_attack
         console.print(escape(f"strongest attack ({s['definition']}): baseline {s['baseline'] or 'none'}, "
@@ -46,9 +48,11 @@ def print_gate(result: GateResult, *, file=None) -> None:
         console.print(f"note: {note}")
     word = {"PASS": "[bold green]PASSED[/]", "FAIL": "[bold red]FAILED[/]",
             "UNVERIFIABLE": "[bold yellow]UNVERIFIABLE[/] (not passed: the audit could not have detected a violation)"}
-    console.print(f"gate {word[result.status]}: "
-                  f"{sum(r.passed for r in result.rules)}/{len(result.rules)} rules pass "
-                  f"(baseline {result.baseline}, candidate {result.candidate})")
+    ran = [r for r in result.rules if r.ran]
+    not_run = len(result.rules) - len(ran)
+    console.print(f"gate {word[result.status]}: {sum(r.passed for r in ran)}/{len(ran)} rules pass"
+                  + (f", {not_run} not run" if not_run else "")
+                  + f" (baseline {result.baseline}, candidate {result.candidate})")
 
 
 @click.command(name="gate")

@@ -13,7 +13,8 @@ from audit.mechanism.scoring import trial_scores
 from foundation.files import MECHANISM_FILE
 from foundation.result_json import Real, ResultModel, read_result, write_result
 
-__all__ = ["MECHANISM_FORMAT", "MechanismResult", "score_and_judge", "make_result", "write_mechanism", "read_mechanism"]
+__all__ = ["MECHANISM_FORMAT", "MechanismResult", "score_and_judge", "make_result", "write_mechanism", "read_mechanism",
+           "claim_mismatch"]
 
 MECHANISM_FORMAT = "dp-audit-mechanism/1"
 
@@ -128,3 +129,49 @@ def read_mechanism(run_dir: str | Path) -> MechanismResult | None:
     if manifest is not None and manifest.training.get("recipe") == "opacus":
         remake = "auditor.audit_mechanism() in the training script"
     return read_result(path, MechanismResult, fmt=MECHANISM_FORMAT, remake=remake, identity=_identity(manifest))
+
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    import math
+
+    return a is not None and b is not None and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-6)
+
+
+def claim_mismatch(result: MechanismResult, privacy) -> str | None:
+    """Why ``result`` is not an audit of a run's claim, or None when it is.
+
+    A ``mechanism.json`` written into a run directory is bound to that run's claim by its signature, but
+    ``audit mechanism --sigma ... --out RUN`` could have audited other settings: only a result judged against the
+    run's own claimed ε and δ (and, when the run records one DP phase, at its σ, q and T) may decide the run's
+    verdict (:mod:`audit.reporting.mechanism`, the gate's ``mechanism_consistent`` rule).
+
+    Args:
+        result: the verified ``mechanism.json``.
+        privacy: the run manifest's ``privacy`` block.
+
+    >>> from types import SimpleNamespace as N
+    >>> r = MechanismResult.model_construct(claimed_epsilon=4.5, delta=1e-5, noise_multiplier=2.0, sample_rate=1.0,
+    ...                                     steps=4)
+    >>> ph = N(dp=True, noise_multiplier=2.0, sample_rate=1.0, steps=4)
+    >>> claim_mismatch(r, N(dp=True, epsilon=4.5, delta=1e-5, phases=[ph])) is None
+    True
+    >>> print(claim_mismatch(r, N(dp=True, epsilon=8.0, delta=1e-5, phases=[ph])))
+    it audited the claim ε = 4.5, δ = 1e-05, not the run's ε = 8, δ = 1e-05
+    >>> print(claim_mismatch(r, N(dp=True, epsilon=4.5, delta=1e-5, phases=[N(**{**vars(ph), "steps": 40})])))
+    it audited σ = 2, q = 1, T = 4, not the run's σ = 2, q = 1, T = 40
+    """
+    if not privacy.dp or privacy.epsilon is None:
+        return "the run makes no DP claim"
+    if not (_close(result.claimed_epsilon, privacy.epsilon) and _close(result.delta, privacy.delta)):
+        run_delta = "none" if privacy.delta is None else f"{privacy.delta:.3g}"
+        return (f"it audited the claim ε = {result.claimed_epsilon:.4g}, δ = {result.delta:.3g}, not the run's "
+                f"ε = {privacy.epsilon:.4g}, δ = {run_delta}")
+    dp = [ph for ph in privacy.phases if ph.dp]
+    if len(dp) == 1 and None not in (dp[0].noise_multiplier, dp[0].sample_rate, dp[0].steps):
+        ph = dp[0]
+        if not (_close(result.noise_multiplier, ph.noise_multiplier) and _close(result.sample_rate, ph.sample_rate)
+                and int(result.steps) == int(ph.steps)):
+            return (f"it audited σ = {result.noise_multiplier:.4g}, q = {result.sample_rate:.4g}, T = {result.steps}, "
+                    f"not the run's σ = {ph.noise_multiplier:.4g}, q = {ph.sample_rate:.4g}, T = {ph.steps}")
+    return None

@@ -19,6 +19,7 @@ from audit.reporting.images import PoolImages, thumbnail_uri
 from audit.reporting.inputs import RunFiles
 from audit.reporting.commands import USER_MODEL_NOTE, commands_for, rebuildable  # noqa: F401 (re-exported)
 from audit.reporting.limitations import limitations
+from audit.reporting.mechanism import mechanism_line, mechanism_row, mechanism_verdict
 from audit.reporting.model import (
     GLANCE_FPR,
     AttackRow,
@@ -28,7 +29,6 @@ from audit.reporting.model import (
     EpsilonSection,
     EstimateRow,
     Glance,
-    MechanismRow,
     PhaseRow,
     PowerRow,
     Report,
@@ -140,16 +140,6 @@ def attacks_section(run: RunFiles, commands: dict[str, str], images: PoolImages 
     return AttacksSection(ran=True, command=commands["attack"], setup=run.attack.setup.model_dump(include=_SETUP_KEYS),
                           levels=levels, rows=rows, strongest=best.name if best else None,
                           per_class=per_class, vulnerable=vulnerable, vulnerable_note=note)
-
-
-def mechanism_row(run: RunFiles) -> MechanismRow | None:
-    """The row of ``mechanism.json``, or None when ``audit mechanism`` was not run."""
-    m = run.mechanism
-    if m is None:
-        return None
-    return MechanismRow(status=str(m.verdict.status), target=m.target, claimed_epsilon=m.claimed_epsilon,
-                        epsilon_lb=m.epsilon_lb, tightness=m.tightness, trials=m.trials_in + m.trials_out,
-                        alpha=m.alpha)
 
 
 def epsilon_section(run: RunFiles, commands: dict[str, str]) -> EpsilonSection:
@@ -376,9 +366,12 @@ def glance_section(run: RunFiles, attacks: AttacksSection, eps: EpsilonSection) 
     else:
         summary = (f"The claim ε = {fmt.eps(claimed)} has not been audited yet: run "
                    f"'{eps.command}' to estimate an ε lower bound.")
+    decided = mechanism_verdict(eps.mechanism, status=status, summary=summary, lb=lb, epsilon_command=eps.command)
+    if decided is not None:  # the DP implementation itself refutes the claim (audit.reporting.mechanism)
+        status, headline, summary = decided
     if tpr is not None and best is not None and not isinstance(tpr, str):
         summary += " " + attack_sentence(best.title, float(tpr), glance_fpr)
-    return Glance(status=status, headline=headline, summary=summary,
+    return Glance(status=status, headline=headline, summary=summary, mechanism=mechanism_line(eps.mechanism),
                   claimed_epsilon=claimed if math.isfinite(claimed) else None, best_epsilon_lb=lb,
                   best_method=eps.best_method, confidence=conf, strongest_attack=best.name if best else None,
                   strongest_tpr=tpr, strongest_tpr_ci=tpr_ci, glance_fpr=glance_fpr,

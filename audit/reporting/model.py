@@ -44,7 +44,8 @@ class Glance:
     """Verdict at a glance.
 
     ``status`` is ``VIOLATION``, ``CONSISTENT`` or ``NO_CLAIM`` (from ``epsilon.json``), or ``NOT_AUDITED``
-    when no epsilon estimate exists yet.
+    when no epsilon estimate exists yet; a mechanism audit of the run's own claim that found a violation makes it
+    ``VIOLATION`` whatever ``epsilon.json`` says (:mod:`audit.reporting.mechanism`).
     """
 
     status: str
@@ -59,6 +60,7 @@ class Glance:
     strongest_tpr_ci: tuple[float, float] | None
     glance_fpr: float
     test_accuracy: float | None
+    mechanism: str | None = None  # the mechanism audit's line in the verdict box (audit.reporting.mechanism)
 
 
 @_frozen
@@ -181,6 +183,9 @@ class MechanismRow:
     tightness: float
     trials: int
     alpha: float
+    delta: float | None = None
+    #: why the result is not an audit of the run's own claim (it then takes no part in the verdict), else None
+    not_this_claim: str | None = None
 
 
 @_frozen
