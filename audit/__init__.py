@@ -2,13 +2,14 @@
 
 The public Python API: the CLI's commands as functions with the same names and arguments
 (:func:`train`, :func:`attack`, :func:`epsilon`, :func:`report`, :func:`gate`; see :mod:`audit.api`), the tight
-mechanism audits :func:`audit_mechanism` / :func:`audit_opacus_mechanism` (:mod:`audit.mechanism`), and
+mechanism audits :func:`audit_mechanism` / :func:`audit_opacus_mechanism` / :func:`audit_config_mechanism` (a
+training config's DP-SGD before training: ``audit mechanism CONFIG``; :mod:`audit.mechanism`), and
 :class:`OpacusAuditor` / :class:`CanaryDataset` / :class:`AuditPool` to audit a training script built on Opacus
 (:mod:`audit.integrations`). Names are imported on first use, so ``import audit`` stays light.
 
 >>> import audit
 >>> sorted(n for n in audit.__all__ if n[0].islower())
-['attack', 'audit_mechanism', 'audit_opacus_mechanism', 'epsilon', 'gate', 'report', 'train']
+['attack', 'audit_config_mechanism', 'audit_mechanism', 'audit_opacus_mechanism', 'epsilon', 'gate', 'report', 'train']
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "train": "audit.api", "attack": "audit.api", "epsilon": "audit.api", "report": "audit.api", "gate": "audit.api",
     "audit_mechanism": "audit.mechanism.api", "audit_opacus_mechanism": "audit.mechanism.api",
+    "audit_config_mechanism": "audit.mechanism.config_target",
     "OpacusAuditor": "audit.integrations", "CanaryDataset": "audit.integrations", "AuditedRun": "audit.integrations",
     "AuditPool": "audit.integrations",
 }

@@ -93,3 +93,21 @@ def test_runs_not_trained_by_the_engine_are_refused(tmp_path, recipe, words):
     res = CliRunner().invoke(main, ["mechanism", str(run), "--trials", "2000"])
     assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output, res.output
     assert read_mechanism(run) is None
+
+
+def test_public_api_takes_the_config_path_as_the_command_does(tmp_path):
+    """``audit.audit_config_mechanism(path, overrides=...)`` is ``audit mechanism CONFIG --set ...`` in Python: the
+    same config read the same way, the same seeded audit."""
+    import audit
+    from audit.mechanism.config_target import load_train_config
+    from foundation.errors import UserError
+
+    assert "audit_config_mechanism" in audit.__all__
+    path = _write(tmp_path, BASE)
+    claim, r = audit.audit_config_mechanism(path, trials=2000, overrides=["training.steps=4"], out=tmp_path / "o")
+    cfg = load_train_config(path, overrides=["training.steps=4"])
+    claim2, r2 = audit.audit_config_mechanism(cfg, trials=2000)
+    assert claim == claim2 and claim.steps == 4 and r.epsilon_lb == r2.epsilon_lb
+    assert read_mechanism(tmp_path / "o").epsilon_lb == r.epsilon_lb
+    with pytest.raises(UserError, match="overrides and variant apply to a config file path"):
+        audit.audit_config_mechanism(cfg, overrides=["training.steps=4"])

@@ -60,10 +60,9 @@ def command(run: Path | None, overrides: tuple[str, ...], variant: str | None, s
         if canaries_per_run is not None:
             raise UserError("--canaries-per-run does not apply to a CONFIG: each run holds a whole number of the "
                             "config's batches (q × members), chosen for it")
-        from audit.config import load_run_config, select_variant
-        from audit.mechanism.config_target import audit_config_mechanism, default_out
+        from audit.mechanism.config_target import audit_config_mechanism, default_out, load_train_config
 
-        cfg = select_variant(load_run_config(run, overrides), variant).train_config()
+        cfg = load_train_config(run, overrides=overrides, variant=variant)
         out = out if out is not None else default_out(cfg)
         claim, result = audit_config_mechanism(cfg, trials=trials, alpha=alpha, seed=seed, out=out)
         if not as_json:

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 from audit.mechanism.api import audit_mechanism
 from audit.mechanism.result import MechanismResult
 from foundation.errors import ConfigError, UserError
 
-__all__ = ["ConfigClaim", "config_claim", "audit_config_mechanism", "default_out"]
+__all__ = ["ConfigClaim", "config_claim", "load_train_config", "audit_config_mechanism", "default_out"]
 
 MEMBERS_PER_RUN = 1000
 
@@ -96,6 +97,19 @@ def config_claim(cfg) -> ConfigClaim:
                        grad_sample_mode=pc.grad_sample_mode, sampling=pc.sampling)
 
 
+def load_train_config(path: str | Path, *, overrides=(), variant: str | None = None):
+    """The :class:`~training.config.TrainConfig` of an ``audit run`` or ``audit train`` YAML file, as
+    ``audit mechanism CONFIG`` reads it (``--set`` overrides, then the ``--variant`` of a config that defines
+    several).
+
+    Raises:
+        ConfigError: the file is missing or invalid, or the variant is missing or unknown (one line).
+    """
+    from audit.config import load_run_config, select_variant
+
+    return select_variant(load_run_config(path, overrides), variant).train_config()
+
+
 def default_out(cfg) -> Path:
     """Where ``audit mechanism CONFIG`` writes ``mechanism.json`` by default: ``<output_dir>/<name>-mechanism`` (not
     the run directory itself, which ``audit train`` will fill)."""
@@ -103,22 +117,33 @@ def default_out(cfg) -> Path:
 
 
 def audit_config_mechanism(cfg, *, trials: int = 20_000, alpha: float = 0.05, seed: int = 0,
-                           out: str | Path | None = None) -> tuple[ConfigClaim, MechanismResult]:
-    """Audit the engine as ``cfg`` configures it against the claim ``audit train`` would make.
+                           out: str | Path | None = None, overrides=(), variant: str | None = None
+                           ) -> tuple[ConfigClaim, MechanismResult]:
+    """Audit the engine as ``cfg`` configures it against the claim ``audit train`` would make (the library
+    function of ``audit mechanism CONFIG``; ``audit.audit_config_mechanism``).
 
     Args:
-        cfg: a validated :class:`~training.config.TrainConfig` (an ``audit run`` config's ``train_config()``).
+        cfg: the path of an ``audit run`` / ``audit train`` YAML file (read with ``overrides`` and ``variant`` as
+            :func:`load_train_config` reads it), or a validated :class:`~training.config.TrainConfig` (an
+            ``audit run`` config's ``train_config()``).
         trials: canary trials in all (half members); whole probe runs of twice :attr:`ConfigClaim.members_per_run`.
         alpha: significance level of the ε lower bound.
         seed: seeds the probe runs.
-        out: directory to write ``mechanism.json`` into (created), or None.
+        out: directory to write ``mechanism.json`` into (created), or None (the command's default is
+            :func:`default_out`).
+        overrides, variant: with a path, ``--set`` strings (or a mapping) and the variant to audit.
 
     Returns:
         The :class:`ConfigClaim` and the :class:`~audit.mechanism.result.MechanismResult`.
 
     Raises:
-        UserError: as :func:`config_claim`, or settings the engine refuses (one line, nothing written).
+        UserError: as :func:`load_train_config` and :func:`config_claim`, or settings the engine refuses (one
+            line, nothing written).
     """
+    if isinstance(cfg, (str, os.PathLike)):
+        cfg = load_train_config(cfg, overrides=overrides, variant=variant)
+    elif overrides or variant is not None:
+        raise UserError("overrides and variant apply to a config file path, not to a TrainConfig")
     claim = config_claim(cfg)
     m = 2 * claim.members_per_run
     kwargs = dict(noise_multiplier=claim.noise_multiplier, sample_rate=claim.sample_rate, steps=claim.steps,
