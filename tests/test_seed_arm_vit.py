@@ -290,7 +290,7 @@ _AFTER_FIT_VALUES = {
     "delta": 1e-6, "clip": 0.5, "hessian_probes": 3, "hessian_every": 7, "trace_steps": 5, "knn_every": 2,
     "barrier_points": 4, "lp_fractions": (0.5,), "accountant": "pld", "noise_multiplier": 2.0, "vit_trials": 5,
     "vit_trial_steps": 7, "vit_lr_range": (0.5, 2.0), "vit_probe_images": 9, "grad_sample_mode": "bk",
-    "ke_source": "vit"}
+    "ke_source": "vit", "membership_models": 8}
 
 
 def test_fields_left_out_of_the_cache_key_do_not_change_the_pretrained_model(data):

@@ -24,6 +24,7 @@ from audit.mechanism.api import audit_mechanism, audit_run_mechanism
 from audit.mechanism.engine_target import ENGINES
 from audit.mechanism.result import write_mechanism
 from foundation.errors import UserError
+from foundation.files import MECHANISM_FILE
 
 
 @click.command(name="mechanism")
@@ -71,7 +72,7 @@ def command(run: Path | None, overrides: tuple[str, ...], variant: str | None, s
                        f"δ = {claim.delta:.3g}; {claim.grad_sample_mode}/{claim.clipping}, {claim.sampling} sampling")
         _print(result, as_json)
         if not as_json:
-            click.echo(f"wrote {Path(out) / 'mechanism.json'}")
+            click.echo(f"wrote {Path(out) / MECHANISM_FILE}")
         return
     canaries_per_run = 2000 if canaries_per_run is None else canaries_per_run
     if run is not None:
