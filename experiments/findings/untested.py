@@ -98,7 +98,8 @@ def _membership_cost() -> str:
     m = json.loads(done[0].read_text())
     n = len(m.get("summary", {})) * m["targets"]
     return (f" and ran at `{m['scale_settings']['name'].removesuffix('_mia')}` (its row; {n} small-CNN models in "
-            f"{m['wall_seconds']:,.0f} s on one core of this CPU, `seed_arms/{done[0].parent.name}/membership.json`)")
+            f"{m['wall_seconds']:,.0f} s wall on one thread of this shared CPU, "
+            f"`seed_arms/{done[0].parent.name}/membership.json`)")
 
 
 def _ke_missing() -> list[str]:
