@@ -63,3 +63,27 @@ def test_the_wheel_carries_the_package_and_its_console_script():
     assert "experiments*" in project["tool"]["setuptools"]["packages"]["find"]["include"]
     assert project["project"]["scripts"]["dp-audit-experiments"] == "experiments.cli:main"
     assert "experiments" in project["tool"]["pytest"]["ini_options"]["testpaths"]  # its doctests run
+
+
+def test_tables_never_drop_rows_whose_runs_are_elsewhere(tmp_path, monkeypatch, capsys):
+    """`papers tables` keeps a committed table that the runs on this machine would shrink (e.g. a lease's runs,
+    not archived here); --force overwrites it; a table that keeps or grows its rows is written."""
+    import experiments.papers.continual as continual
+    import experiments.papers.finetune as finetune
+    from experiments.papers import cli as papers_cli
+
+    full = "# t\n\n| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n"
+    fewer = "# t\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    monkeypatch.setattr(papers_cli, "OUT", tmp_path)
+    monkeypatch.setattr(papers_cli, "ROOT", tmp_path)
+    monkeypatch.setattr(continual, "table_continual", lambda scale: full)
+    monkeypatch.setattr(continual, "table_decelerator", lambda scale: None)
+    monkeypatch.setattr(finetune, "table_finetune", lambda scale: fewer)
+    (tmp_path / "finetune_strategies.s.md").write_text(full)
+    papers_cli.tables("s")
+    assert (tmp_path / "continual_pretrain.s.md").read_text() == full
+    assert not (tmp_path / "decelerator.s.md").exists()
+    assert (tmp_path / "finetune_strategies.s.md").read_text() == full
+    assert "kept" in capsys.readouterr().out
+    papers_cli.tables("s", force=True)
+    assert (tmp_path / "finetune_strategies.s.md").read_text() == fewer

@@ -30,7 +30,14 @@ import os
 from experiments.papers.runs import CONFIGS, OUT, ROOT, SCALES, run
 
 
-def tables(scale: str) -> None:
+def _rows(text: str) -> int:
+    """Table rows of a Markdown text (lines that start with '|', headers and rules included)."""
+    return sum(line.startswith("|") for line in text.splitlines())
+
+
+def tables(scale: str, *, force: bool = False) -> None:
+    """Re-make the three tables of ``scale`` from the runs found here. A table that would lose rows (its runs are
+    not on this machine, e.g. a lease's) is kept as it is unless ``force``."""
     from experiments.papers.continual import table_continual, table_decelerator
     from experiments.papers.finetune import table_finetune
     from foundation.io import write_text
@@ -43,8 +50,13 @@ def tables(scale: str) -> None:
         if text is None:
             print(f"{name}: no finished runs yet, skipped")
             continue
-        write_text(OUT / f"{name}{suffix}.md", text)
-        print(f"wrote {OUT / f'{name}{suffix}.md'}")
+        out = OUT / f"{name}{suffix}.md"
+        if not force and out.is_file() and _rows(text) < _rows(out.read_text()):
+            print(f"{name}: kept {out}: the runs here make {_rows(text)} table lines where it has "
+                  f"{_rows(out.read_text())} (its other runs are not on this machine); --force overwrites it")
+            continue
+        write_text(out, text)
+        print(f"wrote {out}")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m experiments papers") -> int:
@@ -59,11 +71,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments paper
     p_tab = sub.add_parser("tables", help="write results/reference/{continual_pretrain,decelerator,"
                                           "finetune_strategies}[.SCALE].md")
     p_tab.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    p_tab.add_argument("--force", action="store_true", help="overwrite a table even when the new one has fewer rows")
     args = parser.parse_args(argv)
     if args.cmd == "run":
         run(args.names, workers=args.workers, scale=args.scale, only=args.variants)
     else:
-        tables(args.scale)
+        tables(args.scale, force=args.force)
     return 0
 
 
