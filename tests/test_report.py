@@ -347,3 +347,27 @@ def test_a_transfer_json_with_datasets_as_a_mapping_is_refused(tmp_path: Path) -
     res = CliRunner().invoke(main, ["report", str(run), "--no-images"])
     assert res.exit_code == 2
     assert "transfer.json" in res.output and "'datasets'" in res.output and f"audit transfer {run}" in res.output
+
+
+def test_a_failed_write_leaves_no_mix_of_old_and_new_report_files(run: Path, monkeypatch) -> None:
+    """report.html, report.md and report.json are one unit: a full disk at the Markdown leaves none of them (an
+    HTML of this audit beside the Markdown of an older one would be worse than no report), and the next call
+    writes all three."""
+    import audit.reporting as reporting
+
+    _write(run)
+    (run / "report.md").write_text("an older report")
+    real = reporting.write_text
+
+    def full_at_markdown(path, text):
+        if Path(path).name == "report.md":
+            raise OSError(28, "No space left on device", str(path))
+        return real(path, text)
+
+    monkeypatch.setattr(reporting, "write_text", full_at_markdown)
+    with pytest.raises(OSError):
+        _write(run)
+    assert not any((run / name).exists() for name in ("report.html", "report.md", "report.json"))
+    monkeypatch.setattr(reporting, "write_text", real)
+    paths = _write(run)
+    assert paths.markdown.read_text().startswith("# ") and paths.html.is_file() and paths.json.is_file()

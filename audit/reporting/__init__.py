@@ -24,7 +24,7 @@ from audit.reporting.inputs import RunFiles, load_run
 from audit.reporting.model import Figures, Report
 from audit.reporting.render import render_html, render_json, render_markdown
 from foundation.files import REPORT_HTML_FILE, REPORT_JSON_FILE, REPORT_MD_FILE, REPORT_PDF_FILE
-from foundation.io import write_json, write_text
+from foundation.io import all_or_nothing, write_json, write_text
 from training.run import VerifiedRun
 
 __all__ = ["ReportPaths", "Report", "Figures", "PoolImages", "build_report", "make_figures", "load_run",
@@ -86,8 +86,10 @@ def write_report(*, run_dir: str | os.PathLike[str] | VerifiedRun, out_dir: str 
     report = build_report(run, images=images, images_note=note, generated=generated)
     figures = make_figures(run, report)
     out = Path(out_dir) if out_dir is not None else run.run_dir
-    html_path = write_text(out / REPORT_HTML_FILE, render_html(report, figures))
-    md_path = write_text(out / REPORT_MD_FILE, render_markdown(report))
-    json_path = write_json(out / REPORT_JSON_FILE, render_json(report))
+    html, markdown, as_json = render_html(report, figures), render_markdown(report), render_json(report)
+    unit = (out / REPORT_HTML_FILE, out / REPORT_MD_FILE, out / REPORT_JSON_FILE)
+    with all_or_nothing(out, files=unit):  # a failed write leaves no report.html of this run beside an older .md
+        html_path, md_path = write_text(unit[0], html), write_text(unit[1], markdown)
+        json_path = write_json(unit[2], as_json)
     pdf_path = print_pdf(html_path=html_path, pdf_path=out / REPORT_PDF_FILE) if pdf else None
     return ReportPaths(html=html_path, markdown=md_path, json=json_path, pdf=pdf_path, report=report)
