@@ -133,7 +133,7 @@ def _writes(monkeypatch, name: str, work: Path, run: Path, stage: str) -> int:
     return len(faults.targets)
 
 
-def _faulted(monkeypatch, name: str, work: Path, run: Path, *, stage: str, code: int, at: int,
+def _check_faulted(monkeypatch, name: str, work: Path, run: Path, *, stage: str, code: int, at: int,
              pattern: str) -> list:
     """Run the command with the fault, check the outcome (:func:`_check`); return its arguments."""
     args, root = _prepare(name, work, run)
@@ -150,7 +150,7 @@ def test_a_full_disk_at_every_write_is_one_line_and_leaves_nothing_half_written(
     n = _writes(monkeypatch, name, tmp_path / "count", run, "write")
     assert n >= 1
     for k in range(1, n + 1):
-        args = _faulted(monkeypatch, name, tmp_path / f"k{k}", run, stage="write", code=errno.ENOSPC, at=k,
+        args = _check_faulted(monkeypatch, name, tmp_path / f"k{k}", run, stage="write", code=errno.ENOSPC, at=k,
                         pattern=r"no space left on device writing .*; free disk space")
     if name == "train":  # the disk failed at the manifest, the last write: space freed, --resume finishes the run
         done = cli(*args, "--resume")
@@ -160,21 +160,21 @@ def test_a_full_disk_at_every_write_is_one_line_and_leaves_nothing_half_written(
 @pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES], ids=["read-only-fs", "permission"])
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_a_read_only_output_directory_is_one_line(run, tmp_path, monkeypatch, name, code):
-    _faulted(monkeypatch, name, tmp_path / "w", run, stage="create", code=code, at=1,
+    _check_faulted(monkeypatch, name, tmp_path / "w", run, stage="create", code=code, at=1,
              pattern=r"permission denied on .*; choose a writable output directory")
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_a_rename_that_fails_is_one_line(run, tmp_path, monkeypatch, name):
     n = _writes(monkeypatch, name, tmp_path / "count", run, "rename")
-    _faulted(monkeypatch, name, tmp_path / "w", run, stage="rename", code=errno.EIO, at=n,
+    _check_faulted(monkeypatch, name, tmp_path / "w", run, stage="rename", code=errno.EIO, at=n,
              pattern=r"Input/output error on .*; check the disk")
 
 
 @pytest.mark.parametrize("name", ["train", "epsilon"])
 def test_a_file_too_large_is_one_line(run, tmp_path, monkeypatch, name):
     """EFBIG (a file over the file system's size limit) at the first write: a traceback before issue 37."""
-    _faulted(monkeypatch, name, tmp_path / "w", run, stage="write", code=errno.EFBIG, at=1,
+    _check_faulted(monkeypatch, name, tmp_path / "w", run, stage="write", code=errno.EFBIG, at=1,
              pattern=r"file too large writing .*; choose an output_dir on a file system that allows larger files")
 
 
